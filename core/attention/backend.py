@@ -1,0 +1,73 @@
+"""The attention backend interface: how a layer's attention reads and writes the paged KV cache.
+
+Every backend takes the new tokens' q, k and v of one step (any mix of prefill chunks and
+decodes), writes k and v into their pages, and attends each query over its request's pages,
+causal inside the chunk. The model never knows which backend runs it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from core.plan import StepPlan
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """The plan's attention fields as device tensors, built once per step for every layer."""
+
+    query_start: torch.Tensor  # int32 [B+1]
+    seq_lens: torch.Tensor  # int32 [B]
+    block_table: torch.Tensor  # int32 [B, W]
+    slot_mapping: torch.Tensor  # int64 [T]
+    # Host copies for backends that loop or size launches on the CPU.
+    query_start_cpu: np.ndarray
+    seq_lens_cpu: np.ndarray
+    max_query_len: int
+    max_seq_len: int
+
+    @classmethod
+    def from_plan(cls, plan: StepPlan, device: torch.device | str) -> AttentionMetadata:
+        def to_device(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+        query_lens = np.diff(plan.query_start)
+        return cls(
+            query_start=to_device(plan.query_start),
+            seq_lens=to_device(plan.seq_lens),
+            block_table=to_device(plan.block_table),
+            slot_mapping=to_device(plan.slot_mapping),
+            query_start_cpu=np.asarray(plan.query_start),
+            seq_lens_cpu=np.asarray(plan.seq_lens),
+            max_query_len=int(query_lens.max()) if len(query_lens) else 0,
+            max_seq_len=int(plan.seq_lens.max()) if len(plan.seq_lens) else 0,
+        )
+
+
+class AttentionBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, q_heads, head_dim]
+        k: torch.Tensor,  # [T, kv_heads, head_dim]
+        v: torch.Tensor,  # [T, kv_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_pages, block_size, kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, q_heads, head_dim]
+        """Write k and v into their slots, then attend every query over its request's pages."""
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter the step's new K/V rows into the pages: slot = page * block_size + offset."""
+    num_pages, block_size = k_cache.shape[:2]
+    k_cache.view(num_pages * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(num_pages * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)

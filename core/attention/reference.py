@@ -1,0 +1,42 @@
+"""The reference attention backend: plain torch, one request at a time. Correct on CPU and GPU,
+slow by design; the Triton kernels are checked against it."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from core.attention.backend import AttentionBackend, AttentionMetadata, write_kv
+
+
+class ReferenceAttention(AttentionBackend):
+    name = "reference"
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        block_size = k_cache.shape[1]
+        out = torch.empty_like(q)
+        block_table = meta.block_table
+        for i, seq_len in enumerate(meta.seq_lens_cpu.tolist()):
+            start, end = int(meta.query_start_cpu[i]), int(meta.query_start_cpu[i + 1])
+            if end == start:
+                continue
+            num_pages = -(-seq_len // block_size)
+            pages = block_table[i, :num_pages].long()
+            # [seq_len, kv_heads, head_dim]: the request's whole context, read from its pages.
+            keys = k_cache[pages].flatten(0, 1)[:seq_len]
+            values = v_cache[pages].flatten(0, 1)[:seq_len]
+            chunk = end - start
+            # The chunk's tokens sit at positions seq_len - chunk .. seq_len - 1.
+            query_pos = torch.arange(seq_len - chunk, seq_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+            attended = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1),  # [q_heads, chunk, head_dim]
+                keys.transpose(0, 1),
+                values.transpose(0, 1),
+                attn_mask=mask,
+                scale=scale,
+                enable_gqa=True,
+            )
+            out[start:end] = attended.transpose(0, 1)
+        return out

@@ -1,0 +1,325 @@
+"""Frozen, validated configuration of a Cadence deployment.
+
+ModelConfig describes the checkpoint (from a Hugging Face config.json or a built-in preset);
+ParallelConfig, CacheConfig and SchedulerConfig describe how it is served. Every check happens in
+`__post_init__`, and every error says what to change. `EngineConfig` ties them together and checks
+the combinations (tp must divide the heads, the vocabulary, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be served; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """The checkpoint's generation_config.json: what a request that omits a field gets."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    eos_token_ids: tuple[int, ...] = ()
+
+
+QWEN3_GENERATION_DEFAULTS = GenerationDefaults(
+    temperature=0.6, top_p=0.95, top_k=20, eos_token_ids=(151645, 151643)
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 40960
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = 151643
+    eos_token_id: int | None = 151645
+    dtype: str = "bfloat16"
+    # Where the weights and tokenizer live; None for a preset served with dummy weights.
+    model_path: str | None = None
+    load_format: str = "auto"
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults)
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "vocab_size", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model {self.name}: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model {self.name}: num_attention_heads {self.num_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_kv_heads}"
+            )
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(
+                f"unknown load format {self.load_format!r}: use one of {', '.join(LOAD_FORMATS)}"
+            )
+        if self.load_format == "safetensors" and self.model_path is None:
+            raise ConfigError(f"model {self.name}: load format safetensors needs a model directory")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def weights_are_dummy(self) -> bool:
+        return self.load_format == "dummy" or (self.load_format == "auto" and self.model_path is None)
+
+    def kv_bytes_per_token(self, tp_size: int = 1) -> int:
+        """K and V of every layer for one token on one TP rank."""
+        itemsize = 4 if self.dtype == "float32" else 2
+        return 2 * self.num_layers * (self.num_kv_heads // tp_size) * self.head_dim * itemsize
+
+    def with_overrides(self, **kwargs) -> ModelConfig:
+        return replace(self, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **overrides) -> ModelConfig:
+        """Read a Hugging Face model directory's config.json (and generation_config.json)."""
+        directory = Path(path)
+        config_file = directory / "config.json"
+        if not config_file.is_file():
+            raise ConfigError(f"{directory} is not a model directory: it has no config.json")
+        try:
+            hf = json.loads(config_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read {config_file}: {exc}") from exc
+        model_type = hf.get("model_type")
+        if model_type != "qwen3":
+            raise ConfigError(
+                f"{config_file}: model_type is {model_type!r}; Cadence serves Qwen3 dense models (qwen3)"
+            )
+        if hf.get("attention_bias", False):
+            raise ConfigError(f"{config_file}: attention_bias=true is not supported by Cadence's Qwen3")
+        if hf.get("rope_scaling") not in (None, {}) and (hf["rope_scaling"] or {}).get("rope_type",
+                                                                                       "default") != "default":
+            raise ConfigError(f"{config_file}: rope_scaling {hf['rope_scaling']} is not supported")
+        try:
+            num_heads = hf["num_attention_heads"]
+            hidden_size = hf["hidden_size"]
+            eos = hf.get("eos_token_id")
+            config = cls(
+                name=overrides.pop("name", directory.name),
+                hidden_size=hidden_size,
+                intermediate_size=hf["intermediate_size"],
+                num_layers=hf["num_hidden_layers"],
+                num_heads=num_heads,
+                num_kv_heads=hf.get("num_key_value_heads", num_heads),
+                head_dim=hf.get("head_dim") or hidden_size // num_heads,
+                vocab_size=hf["vocab_size"],
+                rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get(
+                    "rope_theta", 1_000_000.0))),
+                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=hf.get("max_position_embeddings", 40960),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                bos_token_id=hf.get("bos_token_id"),
+                eos_token_id=eos[0] if isinstance(eos, list) else eos,
+                dtype=overrides.pop("dtype", _dtype_from_hf(hf.get("torch_dtype") or hf.get("dtype"))),
+                model_path=str(directory),
+                generation=_read_generation_config(directory, eos),
+                **overrides,
+            )
+        except KeyError as exc:
+            raise ConfigError(f"{config_file} lacks the field {exc.args[0]!r}") from exc
+        return config
+
+    @classmethod
+    def from_name(cls, name_or_path: str, **overrides) -> ModelConfig:
+        """A preset name (`qwen3-14b`, `qwen3-tiny`) or a model directory."""
+        if name_or_path in PRESETS:
+            return replace(PRESETS[name_or_path], **overrides)
+        if Path(name_or_path).is_dir():
+            return cls.from_pretrained(name_or_path, **overrides)
+        raise ConfigError(
+            f"{name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a model directory"
+        )
+
+
+def _dtype_from_hf(value: str | None) -> str:
+    if value in (None, "auto"):
+        return "bfloat16"
+    return str(value).removeprefix("torch.")
+
+
+def _read_generation_config(directory: Path, eos_from_config) -> GenerationDefaults:
+    eos = eos_from_config if isinstance(eos_from_config, list) else [eos_from_config]
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return GenerationDefaults(eos_token_ids=tuple(e for e in eos if e is not None))
+    try:
+        gen = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    gen_eos = gen.get("eos_token_id", eos)
+    gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
+    sample = gen.get("do_sample", False)
+    return GenerationDefaults(
+        # do_sample false in a generation config means greedy: temperature 0 in the API's terms.
+        temperature=float(gen.get("temperature", 1.0)) if sample else 0.0,
+        top_p=float(gen.get("top_p", 1.0)) if sample else 1.0,
+        top_k=int(gen.get("top_k", 0) or 0) if sample else 0,
+        min_p=float(gen.get("min_p", 0.0) or 0.0),
+        repetition_penalty=float(gen.get("repetition_penalty", 1.0)),
+        eos_token_ids=tuple(e for e in gen_eos if e is not None),
+    )
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "qwen3-14b": ModelConfig(
+        name="qwen3-14b",
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_layers=40,
+        num_heads=40,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        generation=QWEN3_GENERATION_DEFAULTS,
+    ),
+    # The same architecture, small enough to serve on a laptop CPU: the real vocabulary (so the
+    # real tokenizer works), 4 layers, GQA 4:2 with head_dim 64 != hidden / heads.
+    "qwen3-tiny": ModelConfig(
+        name="qwen3-tiny",
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        vocab_size=151936,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+        dtype="float32",
+        generation=QWEN3_GENERATION_DEFAULTS,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp_size: int = 1
+    dp_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp_size", "dp_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.dp_size
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    # None: executors size the pool from gpu_memory_utilization after profiling memory.
+    num_pages: int | None = None
+    gpu_memory_utilization: float = 0.90
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two (1, 2, 4, ..., 256), got {self.block_size}")
+        if self.block_size > 256:
+            raise ConfigError(f"block_size {self.block_size} is too large: use at most 256")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ConfigError(f"num_pages must be positive, got {self.num_pages}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    # None: the model's max_position_embeddings.
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    # Caps one request's share of a step so a long prompt does not starve the others; 0 = no cap.
+    long_prefill_token_threshold: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(
+                f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
+            )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything one deployment needs, checked as a whole."""
+
+    model: ModelConfig
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        m, tp = self.model, self.parallel.tp_size
+        for what, value in (("num_attention_heads", m.num_heads), ("num_key_value_heads", m.num_kv_heads),
+                            ("intermediate_size", m.intermediate_size), ("vocab_size", m.vocab_size)):
+            if value % tp:
+                divisors = [d for d in range(1, min(value, 64) + 1) if _divides_all(m, d)]
+                raise ConfigError(
+                    f"tp_size {tp} does not divide {what} {value} of model {m.name}: "
+                    f"use a tp_size in {divisors}"
+                )
+        max_len = self.scheduler.max_model_len
+        if max_len is not None and max_len > m.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+                f"{m.max_position_embeddings}: lower --max-model-len"
+            )
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ConfigError(f"unknown device {self.device!r}: use cpu or cuda")
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len or self.model.max_position_embeddings
+
+
+def _divides_all(m: ModelConfig, d: int) -> bool:
+    return all(v % d == 0 for v in (m.num_heads, m.num_kv_heads, m.intermediate_size, m.vocab_size))

@@ -1,0 +1,181 @@
+"""Tensor-parallel building blocks of the Qwen3 model.
+
+Each sharded layer records, for every checkpoint tensor it is built from, which slice of that tensor
+this rank holds and where it goes in the layer's parameter (`CheckpointSlice`). The loader is then
+one generic loop: look the name up, read the slice straight from the file, copy it in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.distributed import TPGroup
+
+
+@dataclass(frozen=True)
+class CheckpointSlice:
+    """Rows or columns [start, start + length) along `dim` of a checkpoint tensor of shape
+    `full_shape`, copied into the parameter at `dest_offset` along the same dim."""
+
+    full_shape: tuple[int, ...]
+    dim: int = 0
+    start: int = 0
+    length: int | None = None  # None: the whole tensor, unsharded
+    dest_offset: int = 0
+
+    def read(self, tensor_slice) -> torch.Tensor:
+        """Read this slice from a safetensors slice object or a full tensor."""
+        if self.length is None:
+            return tensor_slice[:]
+        index = [slice(None)] * len(self.full_shape)
+        index[self.dim] = slice(self.start, self.start + self.length)
+        return tensor_slice[tuple(index)]
+
+    def destination(self, param: torch.Tensor) -> torch.Tensor:
+        if self.length is None:
+            return param
+        return param.narrow(self.dim, self.dest_offset, self.length)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32, then scale in the input dtype, as the reference Qwen3 does.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+    def checkpoint_slices(self, prefix: str) -> dict[str, tuple[str, CheckpointSlice]]:
+        return {f"{prefix}.weight": ("weight", CheckpointSlice(tuple(self.weight.shape)))}
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W's rows split over the TP ranks. Several checkpoint matrices may be packed
+    into one (q, k and v; gate and up): `out_sizes` are their full row counts, `shard_names` the
+    checkpoint names' suffixes, each split separately so every rank holds its share of each."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], shard_names: list[str], tp: TPGroup) -> None:
+        super().__init__()
+        for size, name in zip(out_sizes, shard_names):
+            if size % tp.size:
+                raise ValueError(f"{name}: {size} output rows do not split over {tp.size} ranks")
+        self.in_features = in_features
+        self.local_sizes = [size // tp.size for size in out_sizes]
+        self.out_sizes = out_sizes
+        self.shard_names = shard_names
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(sum(self.local_sizes), in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def checkpoint_slices(self, prefix: str) -> dict[str, tuple[str, CheckpointSlice]]:
+        slices, offset = {}, 0
+        for name, full, local in zip(self.shard_names, self.out_sizes, self.local_sizes):
+            slices[f"{prefix}.{name}.weight"] = (
+                "weight",
+                CheckpointSlice((full, self.in_features), dim=0, start=self.tp.rank * local,
+                                length=local, dest_offset=offset),
+            )
+            offset += local
+        return slices
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T with W's columns split over the TP ranks; the partial sums are all-reduced."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup) -> None:
+        super().__init__()
+        if in_features % tp.size:
+            raise ValueError(f"{in_features} input features do not split over {tp.size} ranks")
+        self.in_features = in_features
+        self.local_in = in_features // tp.size
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(F.linear(x, self.weight))
+
+    def checkpoint_slices(self, prefix: str) -> dict[str, tuple[str, CheckpointSlice]]:
+        out_features = self.weight.shape[0]
+        return {
+            f"{prefix}.weight": (
+                "weight",
+                CheckpointSlice((out_features, self.in_features), dim=1, start=self.tp.rank * self.local_in,
+                                length=self.local_in),
+            )
+        }
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split over the TP ranks; a rank looks up the ids in its range and the
+    all-reduce assembles the full vectors. The same weight layout serves as the LM head."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup) -> None:
+        super().__init__()
+        if vocab_size % tp.size:
+            raise ValueError(f"vocab_size {vocab_size} does not split over {tp.size} ranks")
+        self.vocab_size = vocab_size
+        self.local_vocab = vocab_size // tp.size
+        self.vocab_start = tp.rank * self.local_vocab
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(self.local_vocab, hidden_size))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        local_ids = input_ids - self.vocab_start
+        outside = (local_ids < 0) | (local_ids >= self.local_vocab)
+        out = F.embedding(local_ids.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        return self.tp.all_reduce(out)
+
+    def checkpoint_slices(self, prefix: str) -> dict[str, tuple[str, CheckpointSlice]]:
+        hidden = self.weight.shape[1]
+        return {
+            f"{prefix}.weight": (
+                "weight",
+                CheckpointSlice((self.vocab_size, hidden), dim=0, start=self.vocab_start,
+                                length=self.local_vocab),
+            )
+        }
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Vocabulary-parallel output projection; logits are gathered on TP rank 0 only."""
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        local = F.linear(hidden, self.weight)  # [N, vocab / tp]
+        return self.tp.gather_to_first(local, dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Qwen3's RoPE (rotate-half form), with cos/sin precomputed in float32 for every position."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        # [max_positions, head_dim / 2] each; not parameters, not in the checkpoint.
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # x: [T, heads, head_dim]; cos/sin: [T, 1, head_dim / 2]
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        out = []
+        for x in xs:
+            x1, x2 = x.float().chunk(2, dim=-1)
+            rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+            out.append(rotated.to(x.dtype))
+        return tuple(out)

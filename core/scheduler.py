@@ -1,0 +1,485 @@
+"""Scheduler: continuous batching for one replica, turning requests into StepPlans.
+
+Every request has `num_computed_tokens` (tokens whose KV is written) and each step computes its
+next chunk: the rest of a prompt (cut to fit the step), or one token when decoding. A step:
+
+1. running requests first, oldest first: each takes its next chunk;
+2. then waiting requests in arrival order (preempted ones at the front) while the token budget,
+   the seats (max_num_seqs) and the pages allow, each reusing its longest prefix-cache match.
+
+Pages come from the pool; when it runs short the radix cache evicts, and when that is not enough
+the NEWEST running request is preempted by recompute: its written pages go to the prefix cache,
+it returns to the front of the waiting queue with nothing computed, and its recompute mostly hits
+the cache. The oldest running request is never preempted, so the batch always makes progress.
+
+Admission rejects (RequestRejectedError) what could never run: an empty prompt, prompt + max_tokens
+over max_model_len, more pages than the pool has, and, with chunked prefill off, a prompt longer than
+max_num_batched_tokens. Without chunked prefill a prompt runs whole, waiting for a step with room;
+only a recompute longer than a whole step (prompt + output after a preemption) is chunked anyway.
+long_prefill_token_threshold caps a chunk only when chunked prefill is on.
+
+`update()` takes the executor's StepResult and returns a RequestOutput per sampled token; requests
+that end outside a step (aborts) are returned by the next `update()` or by `drain_outputs()`.
+`schedule()` and `update()` alternate: one step is in flight at a time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+import numpy as np
+
+from core.config import CacheConfig, SchedulerConfig
+from core.kv.block_pool import BlockPool
+from core.kv.radix_cache import RadixCache
+from core.plan import StepPlan, StepResult
+from core.request import Request, RequestOutput, RequestStatus
+from core.scheduler_stats import SchedulerStats
+
+_SEED_RANGE = 2**63
+
+
+class RequestRejectedError(ValueError):
+    """A request that can never be served; the message says why and what to change."""
+
+    def __init__(self, request_id: str, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+class SchedulerError(RuntimeError):
+    """The scheduler was driven out of its protocol or found its own invariant broken."""
+
+
+class _Slots:
+    """Executor slots and what the plan needs per slot, kept as numpy rows.
+
+    A running request's block-table row and sampling parameters are written once (pages as they
+    are added), so a step gathers them with one fancy index instead of a copy per request.
+    """
+
+    SAMPLING_DTYPES = {
+        "temperature": np.float32, "top_p": np.float32, "top_k": np.int32, "min_p": np.float32,
+        "seed": np.int64, "repetition_penalty": np.float32, "presence_penalty": np.float32,
+        "frequency_penalty": np.float32, "num_logprobs": np.int32,
+    }
+
+    def __init__(self, num_slots: int, max_pages_per_request: int) -> None:
+        self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+        self.block_table = np.zeros((num_slots, max_pages_per_request), np.int32)  # 0 = padding
+        self.sampling = {name: np.zeros(num_slots, dtype) for name, dtype in self.SAMPLING_DTYPES.items()}
+        self.has_penalties = np.zeros(num_slots, bool)
+
+    def assign(self, request: Request) -> None:
+        slot = request.slot = self._free.pop()
+        params = request.sampling_params
+        values = {
+            "temperature": params.temperature, "top_p": params.top_p, "top_k": max(params.top_k, 0),
+            "min_p": params.min_p, "seed": request.seed, "repetition_penalty": params.repetition_penalty,
+            "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
+            "num_logprobs": -1 if params.logprobs is None else params.logprobs,
+        }
+        for name, value in values.items():
+            self.sampling[name][slot] = value
+        self.has_penalties[slot] = params.has_penalties
+
+    def add_pages(self, request: Request, pages: list[int]) -> None:
+        start = len(request.pages)
+        self.block_table[request.slot, start : start + len(pages)] = pages
+        request.pages.extend(pages)
+
+    def release(self, request: Request) -> None:
+        self.block_table[request.slot, : len(request.pages)] = 0
+        self._free.append(request.slot)
+        request.slot = None
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_pages: int,
+                 max_model_len: int, eos_token_ids: Iterable[int], seed: int = 0, replica: int = 0) -> None:
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.replica = replica
+        self.pool = BlockPool(num_pages)
+        self.cache = RadixCache(self.pool, self.block_size, enabled=cache_config.enable_prefix_caching)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the newest is last
+        self._requests: dict[str, Request] = {}  # every unfinished request
+        self._slots = _Slots(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size))
+        self._rng = np.random.default_rng(seed)
+        self._pending_outputs: list[RequestOutput] = []
+        self._in_flight: tuple[int, list[tuple[Request, int]]] | None = None  # step id, (request, tokens)
+        self._next_step_id = 0
+        # statistics
+        self._num_preempted_waiting = 0
+        self._num_preemptions = 0
+        self._num_tokens_last_step = 0
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._prefix_query_tokens = 0
+        self._prefix_hit_tokens = 0
+
+    # --- requests in ------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a new request, or raise RequestRejectedError if it could never run."""
+        if request.request_id in self._requests:
+            raise RequestRejectedError(request.request_id,
+                                       f"request {request.request_id!r} is already queued")
+        problem = self._why_never_runs(request)
+        if problem is not None:
+            raise RequestRejectedError(request.request_id,
+                                       f"request {request.request_id!r} rejected: {problem}")
+        seed = request.sampling_params.seed
+        request.seed = int(self._rng.integers(_SEED_RANGE)) if seed is None else seed
+        self._requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str) -> bool:
+        """End a request in whatever state it is, freeing what it holds; False if not (or no longer) known.
+
+        Its final output (finish_reason "abort") comes out of the next update() or drain_outputs().
+        """
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+            if request.status is RequestStatus.PREEMPTED:
+                self._num_preempted_waiting -= 1
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        self._pending_outputs.append(self._final_output(request))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests or self._pending_outputs)
+
+    def drain_outputs(self) -> list[RequestOutput]:
+        """Outputs of requests that ended outside a step (aborts), when no step runs to carry them."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        return outputs
+
+    # --- a step -----------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan | None:
+        """The next step's plan, or None when there is nothing to run."""
+        if self._in_flight is not None:
+            raise SchedulerError(
+                f"step {self._in_flight[0]} is still in flight: call update() with its result first")
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        index = 0
+        block_size = self.block_size
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_todo = request.num_tokens - request.num_computed_tokens
+            num_new = 1 if num_todo == 1 else self._chunk(num_todo, budget)  # a decode, or a chunk
+            seq_len = request.num_computed_tokens + num_new
+            if seq_len > len(request.pages) * block_size:
+                ok, preempted_now = self._grow(request, seq_len, index)
+                preempted |= preempted_now
+                if not ok:
+                    break  # the request preempted itself: it was the newest, nothing after it runs
+            scheduled.append((request, num_new))
+            budget -= num_new
+            index += 1
+        # A step that had to preempt admits nobody: the pages are not there.
+        while (self.waiting and budget > 0 and not preempted
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[0]
+            num_new = self._admit(request, budget)
+            if num_new is None:
+                break
+            scheduled.append((request, num_new))
+            budget -= num_new
+        if not scheduled:
+            return None
+        plan = self._build_plan(scheduled)
+        self._in_flight = (plan.step_id, scheduled)
+        self._num_tokens_last_step = plan.num_tokens
+        return plan
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
+        """Apply a step's result: advance, append sampled tokens, finish; returns what to stream."""
+        if self._in_flight is None or self._in_flight[0] != plan.step_id:
+            raise SchedulerError(f"update() for step {plan.step_id}, but the step in flight is "
+                                 f"{None if self._in_flight is None else self._in_flight[0]}")
+        if result.step_id != plan.step_id:
+            raise SchedulerError(f"the result of step {result.step_id} was given for step {plan.step_id}")
+        scheduled = self._in_flight[1]
+        self._in_flight = None
+        outputs = self.drain_outputs()
+        if result.error is not None:
+            return outputs + self._fail(scheduled, f"step {plan.step_id} failed: {result.error}")
+        sampled = result.sampled_token_ids.tolist()
+        logits_index = plan.logits_index.tolist()
+        running = RequestStatus.RUNNING
+        any_finished = False
+        for row, (request, num_new) in enumerate(scheduled):
+            if request.status is not running:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += num_new
+            if logits_index[row] < 0:
+                continue  # a prefill chunk that does not reach the end samples nothing
+            token = sampled[row]
+            request.append_token(token)
+            self._num_generation_tokens += 1
+            status = self._stop_status(request, token)
+            if status is not None:
+                self._finish(request, status)
+                any_finished = True
+            if request.sampling_params.logprobs is None:
+                outputs.append(RequestOutput(request.request_id, [token], status is not None,
+                                             None if status is None else status.value, request.stop_reason,
+                                             num_cached_tokens=request.num_cached_tokens))
+            else:
+                outputs.append(self._output_with_logprobs(request, token, row, result))
+        if any_finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return outputs
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            step_id=self._next_step_id,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_preempted=self._num_preempted_waiting,
+            kv_usage=self.pool.usage,
+            num_free_pages=self.pool.num_free,
+            num_cached_pages=self.pool.num_cached,
+            prefix_cache_query_tokens=self._prefix_query_tokens,
+            prefix_cache_hit_tokens=self._prefix_hit_tokens,
+            num_preemptions=self._num_preemptions,
+            num_tokens_last_step=self._num_tokens_last_step,
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_generation_tokens=self._num_generation_tokens,
+        )
+
+    # --- admission and pages ----------------------------------------------------------------------
+    def _why_never_runs(self, request: Request) -> str | None:
+        params, prompt_len = request.sampling_params, request.prompt_len
+        if request.status is not RequestStatus.WAITING or request.num_output_tokens:
+            return f"it is not a new request (status {request.status.value})"
+        if prompt_len == 0:
+            return "the prompt is empty"
+        if prompt_len + params.max_tokens > self.max_model_len:
+            return (f"{prompt_len} prompt tokens + max_tokens {params.max_tokens} exceed max_model_len "
+                    f"{self.max_model_len}: shorten the prompt or lower max_tokens")
+        # The last sampled token never gets KV, so prompt + max_tokens - 1 tokens need pages.
+        num_pages = -(-(prompt_len + params.max_tokens - 1) // self.block_size)
+        if num_pages > self.pool.num_pages:
+            return (f"{prompt_len} prompt tokens + max_tokens {params.max_tokens} need {num_pages} KV pages "
+                    f"of {self.block_size} tokens, the pool has {self.pool.num_pages}: lower max_tokens")
+        if not self.config.enable_chunked_prefill and prompt_len > self.config.max_num_batched_tokens:
+            return (f"the prompt has {prompt_len} tokens, more than max_num_batched_tokens "
+                    f"{self.config.max_num_batched_tokens}, and chunked prefill is off: enable chunked "
+                    f"prefill or raise max_num_batched_tokens")
+        return None
+
+    def _chunk(self, num_todo: int, budget: int) -> int:
+        """How many of a request's uncomputed tokens run this step, chunking allowed."""
+        threshold = self.config.long_prefill_token_threshold
+        if self.config.enable_chunked_prefill and 0 < threshold < num_todo:
+            num_todo = threshold
+        return min(num_todo, budget)
+
+    def _admit(self, request: Request, budget: int) -> int | None:
+        """Start (or restart) the head of the waiting queue; its tokens this step, or None if it must wait."""
+        # A full hit still computes the last known token: its forward yields the next token.
+        match = self.cache.match(request.all_token_ids[: request.num_tokens - 1])
+        num_todo = request.num_tokens - match.length
+        if self.config.enable_chunked_prefill or num_todo > self.config.max_num_batched_tokens:
+            num_new = self._chunk(num_todo, budget)
+        elif num_todo <= budget:
+            num_new = num_todo
+        else:
+            return None  # no chunking: wait for a step with room for the whole prompt
+        self.pool.incref(match.pages)
+        self.cache.lock(match.node)
+        pages = self._allocate(-(-(match.length + num_new) // self.block_size) - len(match.pages))
+        if pages is None:
+            self.cache.unlock(match.node)
+            self.pool.decref(match.pages)
+            return None
+        self.waiting.popleft()
+        if request.status is RequestStatus.PREEMPTED:
+            self._num_preempted_waiting -= 1
+        else:
+            request.num_cached_tokens = match.length
+            self._num_prompt_tokens += request.prompt_len
+            self._prefix_query_tokens += request.prompt_len
+            self._prefix_hit_tokens += match.length
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = match.length
+        request.cache_node = match.node
+        self._slots.assign(request)
+        self._slots.add_pages(request, match.pages + pages)
+        self.running.append(request)
+        return num_new
+
+    def _grow(self, request: Request, num_tokens: int, index: int) -> tuple[bool, bool]:
+        """Give running request `index` pages for `num_tokens` tokens, preempting newer ones if needed.
+
+        Returns (whether it got them, whether anyone was preempted). It fails only when it was the
+        newest request and had to preempt itself.
+        """
+        num_needed = -(-num_tokens // self.block_size) - len(request.pages)
+        if num_needed <= 0:
+            return True, False
+        preempted = False
+        while (pages := self._allocate(num_needed)) is None:
+            victim = self.running[-1]
+            if victim is request and index == 0:
+                raise SchedulerError(
+                    f"request {request.request_id!r} alone needs {num_needed} more pages for {num_tokens} "
+                    f"tokens, but the pool has {self.pool.num_free} free of {self.pool.num_pages} "
+                    f"({self.pool.num_owned} owned): admission should have rejected it")
+            self._preempt(victim)
+            preempted = True
+            if victim is request:
+                return False, True
+        self._slots.add_pages(request, pages)
+        return True, preempted
+
+    def _allocate(self, num_pages: int) -> list[int] | None:
+        """`num_pages` pages, evicting from the prefix cache if needed; None if even that is not enough."""
+        if num_pages <= 0:
+            return []
+        short = num_pages - self.pool.num_free
+        if short > 0 and self.pool.num_cached >= short:
+            self.cache.evict(short)
+        if self.pool.num_free < num_pages:
+            return None
+        return self.pool.allocate(num_pages)
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._release(request, publish=True)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self._num_preempted_waiting += 1
+        self._num_preemptions += 1
+
+    def _release(self, request: Request, publish: bool) -> None:
+        """Give back a running request's pages and slot; `publish`: its written full pages go to the cache."""
+        self.cache.unlock(request.cache_node)
+        request.cache_node = None
+        if publish:
+            # Only tokens [0, num_computed_tokens) have KV; the last sampled token has none yet.
+            num_full = request.num_computed_tokens // self.block_size
+            self.cache.insert(request.all_token_ids[: num_full * self.block_size], request.pages[:num_full])
+        self.pool.decref(request.pages)  # duplicates of cached pages and the partial page become free
+        self._slots.release(request)
+        request.pages = []
+
+    # --- finishing --------------------------------------------------------------------------------
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        """Whether `token`, just appended, ends the request. A stop token counts only from min_tokens on."""
+        params = request.sampling_params
+        num_output = request.num_tokens - request.prompt_len
+        if num_output >= params.min_tokens:
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+            if token in self.eos_token_ids and not params.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED
+        if num_output >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """Mark finished and free what it holds; the caller takes it out of running or waiting."""
+        if request.slot is not None:
+            # A failed step's KV is not trusted: nothing of it goes to the cache.
+            self._release(request, publish=request.error is None)
+        request.status = status
+        del self._requests[request.request_id]
+
+    def _fail(self, scheduled: list[tuple[Request, int]], message: str) -> list[RequestOutput]:
+        outputs = []
+        for request, _ in scheduled:
+            if request.status is RequestStatus.RUNNING:
+                request.error = message
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+                outputs.append(self._final_output(request))
+        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return outputs
+
+    @staticmethod
+    def _output_with_logprobs(request: Request, token: int, row: int, result: StepResult) -> RequestOutput:
+        logprobs = top_logprobs = None
+        num_logprobs = request.sampling_params.logprobs
+        if result.sampled_logprobs is not None:
+            logprobs = [float(result.sampled_logprobs[row])]
+            if num_logprobs > 0 and result.top_token_ids is not None and result.top_logprobs is not None:
+                ids = result.top_token_ids[row, :num_logprobs].tolist()
+                values = result.top_logprobs[row, :num_logprobs].tolist()
+                top_logprobs = [list(zip(ids, values))]
+        return RequestOutput(
+            request.request_id, [token], request.status.is_finished, request.finish_reason,
+            request.stop_reason, logprobs, top_logprobs, request.num_cached_tokens,
+        )
+
+    @staticmethod
+    def _final_output(request: Request) -> RequestOutput:
+        return RequestOutput(request.request_id, [], True, request.finish_reason, request.stop_reason,
+                             num_cached_tokens=request.num_cached_tokens or 0, error=request.error)
+
+    # --- the plan ---------------------------------------------------------------------------------
+    def _build_plan(self, scheduled: list[tuple[Request, int]]) -> StepPlan:
+        """Flat arrays of the step: per-request Python, per-token numpy."""
+        block_size = self.block_size
+        num_reqs = len(scheduled)
+        columns = np.array([(r.slot, r.num_computed_tokens, n, r.num_tokens, r.prompt_len, r.last_token_id)
+                            for r, n in scheduled], np.int32).reshape(num_reqs, 6)
+        slots, num_computed, num_new, num_tokens, prompt_len, last_token_ids = columns.T
+        query_start = np.zeros(num_reqs + 1, np.int32)
+        np.cumsum(num_new, out=query_start[1:])
+        num_step_tokens = int(query_start[-1])
+        seq_lens = num_computed + num_new
+        # A decode's input is its last token; only prefill chunks copy a slice of their tokens.
+        input_ids = np.repeat(last_token_ids, num_new)
+        for row in np.flatnonzero((num_new > 1) | (seq_lens < num_tokens)).tolist():
+            request, start = scheduled[row][0], int(num_computed[row])
+            input_ids[query_start[row] : query_start[row + 1]] = request.all_token_ids[start : seq_lens[row]]
+        # positions: each request's run num_computed, num_computed + 1, ... laid end to end
+        positions = (np.arange(num_step_tokens, dtype=np.int32)
+                     + np.repeat(num_computed - query_start[:-1], num_new))
+        width = -(-int(seq_lens.max()) // block_size)
+        block_table = self._slots.block_table[slots, :width]
+        token_rows = np.repeat(np.arange(num_reqs), num_new)
+        slot_mapping = (block_table[token_rows, positions // block_size].astype(np.int64) * block_size
+                        + positions % block_size)
+        logits_index = np.where(seq_lens == num_tokens, query_start[1:] - 1, -1).astype(np.int32)
+        sampling = {name: values[slots] for name, values in self._slots.sampling.items()}
+        history = self._penalty_history(scheduled, slots, num_tokens, prompt_len, logits_index >= 0)
+        step_id = self._next_step_id
+        self._next_step_id += 1
+        return StepPlan(
+            step_id=step_id, replica=self.replica, req_slot=slots, query_start=query_start,
+            seq_lens=seq_lens, block_table=block_table, logits_index=logits_index,
+            output_pos=num_tokens - prompt_len, input_ids=input_ids, positions=positions,
+            slot_mapping=slot_mapping, **sampling, **history,
+        )
+
+    def _penalty_history(self, scheduled: list[tuple[Request, int]], slots: np.ndarray,
+                         num_tokens: np.ndarray, prompt_len: np.ndarray,
+                         sampling: np.ndarray) -> dict[str, np.ndarray]:
+        """Prompt + output ids of the requests that sample with penalties; empty ranges for the others."""
+        rows = np.flatnonzero(self._slots.has_penalties[slots] & sampling)
+        lengths = np.zeros(len(scheduled), np.int32)
+        lengths[rows] = num_tokens[rows]
+        history_start = np.zeros(len(scheduled) + 1, np.int32)
+        np.cumsum(lengths, out=history_start[1:])
+        history_prompt_len = np.zeros(len(scheduled), np.int32)
+        history_prompt_len[rows] = prompt_len[rows]
+        pieces = [scheduled[row][0].all_token_ids for row in rows.tolist()]
+        history_ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+        return {"history_start": history_start, "history_prompt_len": history_prompt_len,
+                "history_ids": history_ids}

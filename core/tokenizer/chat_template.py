@@ -1,0 +1,159 @@
+"""The built-in chat template: Qwen3's ChatML, in plain Python.
+
+Used by tokenizers whose directory has no chat template of its own (and by the built-in
+vocabulary). It renders what the Qwen3 checkpoints' jinja template renders for chats without
+tools:
+
+- each system/user turn is `<|im_start|>{role}\\n{content}<|im_end|>\\n`;
+- assistant turns before the last user query lose their `<think>...</think>` reasoning (and the
+  newlines after it); those after it, in a tool loop, keep it as `<think>\\n{reasoning}\\n</think>\\n\\n`;
+- consecutive tool results become one user turn of `<tool_response>` blocks;
+- the generation prompt is `<|im_start|>assistant\\n`, followed by an empty think block
+  `<think>\\n\\n</think>\\n\\n` when thinking is disabled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+ROLES = ("system", "user", "assistant", "tool")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+    reasoning_content: str | None = None  # an assistant's reasoning, when given apart from content
+
+
+def normalize_content(content: object, index: int, role: object = None) -> str:
+    """A message's content as one string: a string, or a list of {"type": "text"} parts joined by \\n."""
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""  # OpenAI clients send content null on assistant turns that only called tools
+    if not isinstance(content, list):
+        raise ValueError(
+            f"messages[{index}].content must be a string or a list of text parts, "
+            f"got {type(content).__name__}"
+        )
+    texts = []
+    for part_index, part in enumerate(content):
+        where = f"messages[{index}].content[{part_index}]"
+        if not isinstance(part, Mapping):
+            raise ValueError(f"{where} must be an object with type 'text', got {type(part).__name__}")
+        if part.get("type") != "text":
+            raise ValueError(f"{where}.type is {part.get('type')!r}; only 'text' parts are supported")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"{where}.text must be a string, got {type(part.get('text')).__name__}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def flatten_contents(messages: Sequence[Mapping]) -> list[dict]:
+    """The messages with every content flattened to a string, other fields untouched.
+
+    For a model's own jinja template, which may know roles and fields (tool_calls) that the
+    built-in one does not, but typically renders list content as nothing.
+    """
+    flat = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"messages[{index}] must be an object, got {type(message).__name__}")
+        content = normalize_content(message.get("content"), index, message.get("role"))
+        flat.append({**message, "content": content})
+    return flat
+
+
+def parse_messages(messages: Sequence[Mapping]) -> list[ChatMessage]:
+    """Validate request messages into ChatMessages; errors name the message index and field."""
+    parsed = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"messages[{index}] must be an object, got {type(message).__name__}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ValueError(
+                f"messages[{index}] has unknown role {role!r}; expected one of {', '.join(ROLES)}"
+            )
+        if message.get("tool_calls"):
+            raise ValueError(
+                f"messages[{index}].tool_calls cannot be rendered by the built-in chat template; serve a "
+                f"model directory whose tokenizer has a chat template"
+            )
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise ValueError(
+                f"messages[{index}].reasoning_content must be a string, got {type(reasoning).__name__}"
+            )
+        content = normalize_content(message.get("content"), index, role)
+        parsed.append(ChatMessage(role, content, reasoning))
+    return parsed
+
+
+def _last_query_index(messages: Sequence[ChatMessage]) -> int:
+    """The last user turn that is a real query, not tool results pasted back as a user turn."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        is_tool_result = message.content.startswith(TOOL_RESPONSE_OPEN) and message.content.endswith(
+            TOOL_RESPONSE_CLOSE
+        )
+        if message.role == "user" and not is_tool_result:
+            return index
+    return len(messages) - 1
+
+
+def split_reasoning(message: ChatMessage) -> tuple[str, str]:
+    """(reasoning, answer) of an assistant turn, the way Qwen3's template splits them."""
+    if message.reasoning_content is not None:
+        return message.reasoning_content, message.content
+    if THINK_CLOSE not in message.content:
+        return "", message.content
+    pieces = message.content.split(THINK_CLOSE)
+    reasoning = pieces[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
+    return reasoning, pieces[-1].lstrip("\n")
+
+
+def _render_assistant(message: ChatMessage, keep_reasoning: bool, is_last: bool) -> str:
+    reasoning, answer = split_reasoning(message)
+    if keep_reasoning and (is_last or reasoning):
+        reasoning, answer = reasoning.strip("\n"), answer.lstrip("\n")
+        body = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{answer}"
+    else:
+        body = answer
+    return f"<|im_start|>assistant\n{body}<|im_end|>\n"
+
+
+def _render_tool(messages: Sequence[ChatMessage], index: int) -> str:
+    starts_group = index == 0 or messages[index - 1].role != "tool"
+    ends_group = index == len(messages) - 1 or messages[index + 1].role != "tool"
+    return (
+        ("<|im_start|>user" if starts_group else "")
+        + f"\n{TOOL_RESPONSE_OPEN}\n{messages[index].content}\n{TOOL_RESPONSE_CLOSE}"
+        + ("<|im_end|>\n" if ends_group else "")
+    )
+
+
+def render_chatml(
+    messages: Sequence[Mapping], add_generation_prompt: bool = True, enable_thinking: bool = True
+) -> str:
+    """The Qwen3 prompt text for a chat (see the module docstring for the format)."""
+    chat = parse_messages(messages)
+    last_query = _last_query_index(chat)
+    parts = []
+    for index, message in enumerate(chat):
+        if message.role == "assistant":
+            is_last = index == len(chat) - 1
+            parts.append(_render_assistant(message, keep_reasoning=index > last_query, is_last=is_last))
+        elif message.role == "tool":
+            parts.append(_render_tool(chat, index))
+        else:
+            parts.append(f"<|im_start|>{message.role}\n{message.content}<|im_end|>\n")
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+        if not enable_thinking:
+            parts.append(f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n")
+    return "".join(parts)
