@@ -117,8 +117,10 @@ class ModelConfig:
             )
         if hf.get("attention_bias", False):
             raise ConfigError(f"{config_file}: attention_bias=true is not supported by Cadence's Qwen3")
-        if hf.get("rope_scaling") not in (None, {}) and (hf["rope_scaling"] or {}).get("rope_type",
-                                                                                       "default") != "default":
+        if hf.get("use_sliding_window", False):
+            raise ConfigError(f"{config_file}: use_sliding_window=true is not supported by Cadence's Qwen3")
+        rope_scaling = hf.get("rope_scaling") or {}
+        if rope_scaling.get("rope_type", rope_scaling.get("type", "default")) != "default":
             raise ConfigError(f"{config_file}: rope_scaling {hf['rope_scaling']} is not supported")
         try:
             num_heads = hf["num_attention_heads"]

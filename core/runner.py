@@ -1,0 +1,174 @@
+"""ModelRunner: one rank's model shard, KV-cache shard and sampler; turns a StepPlan into a StepResult.
+
+The executor process (procs/executor_proc.py) and the in-process engine (core/engine.py) both call
+exactly `execute(plan)`. Every TP rank runs the forward; only rank 0 gets logits, samples and
+returns the StepResult (the other ranks return None).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import torch
+
+from core.attention.backend import AttentionBackend, AttentionMetadata
+from core.attention.reference import ReferenceAttention
+from core.config import EngineConfig
+from core.distributed import TPGroup
+from core.kv.kv_cache import KVCache
+from core.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
+from core.model.qwen3 import Qwen3ForCausalLM
+from core.plan import StepPlan, StepResult
+from core.sampler import Sampler, SamplingTensors
+
+# Without a GPU to profile, a CPU replica gives its KV cache this much memory unless told otherwise.
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_model(config: EngineConfig, tp: TPGroup, show_progress: bool = True) -> Qwen3ForCausalLM:
+    """Construct this rank's shard on its device and fill it (checkpoint or dummy weights)."""
+    dtype = TORCH_DTYPES[config.model.dtype]
+    device = torch.device(config.device)
+    with torch.device(device), _default_dtype(dtype):
+        model = Qwen3ForCausalLM(config.model, tp)
+    if config.model.weights_are_dummy:
+        load_dummy(model, config.seed, device, dtype)
+    else:
+        load_checkpoint(model, config.model.model_path, dtype, show_progress=show_progress)
+    return model.eval()
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, tp: TPGroup | None = None, num_pages: int | None = None,
+                 backend: AttentionBackend | None = None, show_progress: bool = True) -> None:
+        self.config = config
+        self.tp = tp = tp or TPGroup()
+        self.device = torch.device(config.device)
+        self.dtype = TORCH_DTYPES[config.model.dtype]
+        self.backend = backend or ReferenceAttention()
+        self.model = build_model(config, tp, show_progress=show_progress)
+        self.sampler = Sampler()
+        self.num_pages = num_pages or config.cache.num_pages or self._num_pages_that_fit()
+        self.kv_cache = self._allocate_kv_cache(self.num_pages)
+
+    # --- memory --------------------------------------------------------------------------------
+
+    def _page_bytes(self) -> int:
+        m = self.config.model
+        return KVCache.bytes_per_page(m.num_layers, self.config.cache.block_size,
+                                      m.num_kv_heads // self.tp.size, m.head_dim, self.dtype)
+
+    def _allocate_kv_cache(self, num_pages: int) -> KVCache:
+        m = self.config.model
+        return KVCache(m.num_layers, num_pages, self.config.cache.block_size, m.num_kv_heads // self.tp.size,
+                       m.head_dim, self.dtype, self.device)
+
+    def _num_pages_that_fit(self) -> int:
+        if self.device.type != "cuda":
+            return max(1, CPU_KV_CACHE_BYTES // self._page_bytes())
+        peak = self.profile_peak_memory()
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        budget = int(self.config.cache.gpu_memory_utilization * total) - peak
+        num_pages = budget // self._page_bytes()
+        if num_pages < 1:
+            raise RuntimeError(
+                f"rank tp={self.tp.rank}: no memory left for the KV cache: the weights and a warm-up step "
+                f"of {self.config.scheduler.max_num_batched_tokens} tokens peak at {peak / 2**30:.1f} GiB "
+                f"of {total / 2**30:.1f} GiB; raise gpu_memory_utilization, lower max_num_batched_tokens "
+                f"or use a larger tp_size"
+            )
+        return int(num_pages)
+
+    def profile_peak_memory(self) -> int:
+        """Peak GPU bytes of the weights plus one forward at the largest step the scheduler plans."""
+        block_size = self.config.cache.block_size
+        num_tokens = min(self.config.scheduler.max_num_batched_tokens, self.config.max_model_len)
+        scratch = self._allocate_kv_cache(-(-num_tokens // block_size))
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        plan = warmup_plan(num_tokens, block_size, self.config.model.vocab_size)
+        self.forward_logits(plan, scratch)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del scratch
+        torch.cuda.empty_cache()
+        return peak
+
+    # --- the step ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult | None:
+        """Run one step; rank 0 returns the sampled tokens, the other TP ranks None."""
+        start = time.perf_counter()
+        logits, rows = self.forward_logits(plan)
+        if not self.tp.is_first_rank:
+            return None
+        num_reqs = plan.num_reqs
+        sampled = np.zeros(num_reqs, dtype=np.int32)
+        result = {}
+        if len(rows):
+            out = self.sampler(logits, SamplingTensors.from_plan(plan, rows, self.device))
+            sampled[rows] = out.token_ids.cpu().numpy()
+            if out.sampled_logprobs is not None:
+                result["sampled_logprobs"] = _scatter(out.sampled_logprobs, rows, num_reqs)
+            if out.top_token_ids is not None:
+                result["top_token_ids"] = _scatter(out.top_token_ids, rows, num_reqs)
+                result["top_logprobs"] = _scatter(out.top_logprobs, rows, num_reqs)
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        return StepResult(step_id=plan.step_id, replica=plan.replica, sampled_token_ids=sampled,
+                          timings_ms={"execute": elapsed_ms}, **result)
+
+    def forward_logits(self, plan: StepPlan, kv_cache: KVCache | None = None
+                       ) -> tuple[torch.Tensor | None, np.ndarray]:
+        """Float32 logits [N, vocab] of the rows that sample (rank 0; None elsewhere) and those rows."""
+        kv_cache = kv_cache or self.kv_cache
+        device = self.device
+        input_ids = torch.from_numpy(plan.input_ids).to(device, non_blocking=True).long()
+        positions = torch.from_numpy(plan.positions).to(device, non_blocking=True).long()
+        meta = AttentionMetadata.from_plan(plan, device)
+        hidden = self.model(input_ids, positions, kv_cache, self.backend, meta)  # [T, hidden]
+        rows = plan.sampled_rows
+        if not len(rows):
+            return None, rows
+        logits_index = torch.from_numpy(plan.logits_index[rows]).to(device, non_blocking=True).long()
+        return self.model.compute_logits(hidden[logits_index]), rows  # [N, vocab] on rank 0
+
+
+def _scatter(values: torch.Tensor, rows: np.ndarray, num_reqs: int) -> np.ndarray:
+    host = values.cpu().numpy()
+    out = np.zeros((num_reqs, *host.shape[1:]), dtype=host.dtype)
+    out[rows] = host
+    return out
+
+
+def warmup_plan(num_tokens: int, block_size: int, vocab_size: int) -> StepPlan:
+    """One request prefilling `num_tokens` tokens into pages 0.. of a scratch cache."""
+    num_pages = -(-num_tokens // block_size)
+    one = np.ones(1, dtype=np.float32)
+    return StepPlan(
+        step_id=-1, replica=0,
+        req_slot=np.zeros(1, np.int32), query_start=np.array([0, num_tokens], np.int32),
+        seq_lens=np.array([num_tokens], np.int32),
+        block_table=np.arange(num_pages, dtype=np.int32)[None, :],
+        logits_index=np.array([num_tokens - 1], np.int32),
+        temperature=one, top_p=one, top_k=np.zeros(1, np.int32), min_p=np.zeros(1, np.float32),
+        seed=np.zeros(1, np.int64), output_pos=np.zeros(1, np.int32), repetition_penalty=one,
+        presence_penalty=np.zeros(1, np.float32), frequency_penalty=np.zeros(1, np.float32),
+        num_logprobs=np.full(1, -1, np.int32), history_start=np.zeros(2, np.int32),
+        history_prompt_len=np.zeros(1, np.int32), history_ids=np.zeros(0, np.int32),
+        input_ids=(np.arange(num_tokens, dtype=np.int64) * 7919 % vocab_size).astype(np.int32),
+        positions=np.arange(num_tokens, dtype=np.int32),
+        slot_mapping=np.arange(num_tokens, dtype=np.int64),
+    )
