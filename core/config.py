@@ -126,8 +126,8 @@ class ModelConfig:
             num_heads = hf["num_attention_heads"]
             hidden_size = hf["hidden_size"]
             eos = hf.get("eos_token_id")
-            config = cls(
-                name=overrides.pop("name", directory.name),
+            fields = dict(
+                name=directory.name,
                 hidden_size=hidden_size,
                 intermediate_size=hf["intermediate_size"],
                 num_layers=hf["num_hidden_layers"],
@@ -142,14 +142,13 @@ class ModelConfig:
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 bos_token_id=hf.get("bos_token_id"),
                 eos_token_id=eos[0] if isinstance(eos, list) else eos,
-                dtype=overrides.pop("dtype", _dtype_from_hf(hf.get("torch_dtype") or hf.get("dtype"))),
+                dtype=_dtype_from_hf(hf.get("torch_dtype") or hf.get("dtype")),
                 model_path=str(directory),
                 generation=_read_generation_config(directory, eos),
-                **overrides,
             )
         except KeyError as exc:
             raise ConfigError(f"{config_file} lacks the field {exc.args[0]!r}") from exc
-        return config
+        return cls(**{**fields, **overrides})
 
     @classmethod
     def from_name(cls, name_or_path: str, **overrides) -> ModelConfig:

@@ -130,6 +130,7 @@ class ModelRunner:
         return StepResult(step_id=plan.step_id, replica=plan.replica, sampled_token_ids=sampled,
                           timings_ms={"execute": elapsed_ms}, **result)
 
+    @torch.inference_mode()
     def forward_logits(self, plan: StepPlan, kv_cache: KVCache | None = None
                        ) -> tuple[torch.Tensor | None, np.ndarray]:
         """Float32 logits [N, vocab] of the rows that sample (rank 0; None elsewhere) and those rows."""

@@ -34,6 +34,8 @@ def checkpoint_files(directory: str | Path) -> dict[str, Path]:
     if index_file.is_file():
         try:
             weight_map = json.loads(index_file.read_text())["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError(f"weight_map is a {type(weight_map).__name__}, not an object")
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointError(f"cannot read the shard index {index_file}: {exc!r}") from exc
         files = {name: directory / file for name, file in weight_map.items()}

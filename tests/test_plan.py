@@ -1,0 +1,161 @@
+"""pack_plan / unpack_plan: a StepPlan survives a shared-memory slot bit for bit, as zero-copy views."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import numpy as np
+import pytest
+from plans import Chunk, make_plan
+
+from core.plan import StepPlan, pack_plan, packed_plan_header, packed_plan_nbytes, unpack_plan
+
+BLOCK_SIZE = 16
+ARRAY_FIELDS = [f.name for f in fields(StepPlan) if f.name not in ("step_id", "replica")]
+
+
+def with_history(plan: StepPlan, histories: list[tuple[list[int], int]]) -> StepPlan:
+    """Give request i the token history histories[i] = (ids, prompt_len)."""
+    lens = [len(ids) for ids, _ in histories]
+    return replace(
+        plan,
+        history_start=np.concatenate([[0], np.cumsum(lens)]).astype(np.int32),
+        history_prompt_len=np.asarray([p for _, p in histories], np.int32),
+        history_ids=np.asarray([i for ids, _ in histories for i in ids], np.int32),
+    )
+
+
+def single_prefill() -> StepPlan:
+    return make_plan([Chunk(list(range(100, 137)), 0, [7, 2, 5])], BLOCK_SIZE, step_id=1)
+
+
+def mixed_step() -> StepPlan:
+    """A second prefill chunk that starts mid-page, a decode, and a mid-prefill chunk that samples nothing."""
+    plan = make_plan(
+        [Chunk(list(range(13, 29)), 13, [5, 9], temperature=0.7, seed=11, num_logprobs=3),
+         Chunk([42], 40, [1, 3, 8], output_pos=9, seed=2**40 + 3, num_logprobs=0),
+         Chunk(list(range(5)), 0, [4], sample=False)],
+        BLOCK_SIZE, step_id=812,
+    )
+    plan = with_history(plan, [(list(range(13)), 13), ([9, 8, 7, 42], 2), ([], 0)])
+    return replace(plan, replica=3, top_p=np.asarray([0.9, 1.0, 0.5], np.float32),
+                   top_k=np.asarray([20, 0, 5], np.int32), min_p=np.asarray([0.05, 0.0, 0.0], np.float32),
+                   repetition_penalty=np.asarray([1.1, 1.0, 1.3], np.float32),
+                   presence_penalty=np.asarray([0.5, -0.25, 0.0], np.float32),
+                   frequency_penalty=np.asarray([0.0, 0.125, -2.0], np.float32))
+
+
+def decode_batch() -> StepPlan:
+    # Ragged block tables: request i needs 1 + (i + 3) // 4 pages of 4 slots.
+    chunks = [Chunk([1000 + i], i + 3, [i, 20 + i, 30 + i][: 1 + (i + 3) // 4], output_pos=i)
+              for i in range(8)]
+    plan = make_plan(chunks, 4, step_id=2**40 + 7)
+    return with_history(replace(plan, replica=1), [([i] * (i + 1), i // 2) for i in range(8)])
+
+
+PLANS = {"single_prefill": single_prefill, "mixed_step": mixed_step, "decode_batch": decode_batch}
+
+
+def plan_nbytes(plan: StepPlan) -> int:
+    width, num_history = plan.block_table.shape[1], len(plan.history_ids)
+    return packed_plan_nbytes(plan.num_reqs, plan.num_tokens, width, num_history)
+
+
+def assert_plans_equal(ours: StepPlan, expected: StepPlan) -> None:
+    assert (ours.step_id, ours.replica) == (expected.step_id, expected.replica)
+    for name in ARRAY_FIELDS:
+        got, want = getattr(ours, name), getattr(expected, name)
+        assert got.dtype == want.dtype, f"{name}: dtype {got.dtype}, expected {want.dtype}"
+        assert got.shape == want.shape, f"{name}: shape {got.shape}, expected {want.shape}"
+        # Bitwise, so float fields must survive exactly (no casts through another dtype).
+        assert got.tobytes() == want.tobytes(), f"{name}: {got} != {want}"
+
+
+@pytest.mark.parametrize("make", PLANS.values(), ids=PLANS.keys())
+def test_unpack_returns_every_field_of_the_packed_plan_exactly(make):
+    plan = make()
+    buffer = bytearray(plan_nbytes(plan))
+    assert pack_plan(plan, buffer) == len(buffer)
+    assert_plans_equal(unpack_plan(buffer), plan)
+
+
+def test_plan_without_history_round_trips_with_empty_history_ids():
+    plan = single_prefill()
+    assert len(plan.history_ids) == 0
+    buffer = bytearray(plan_nbytes(plan))
+    pack_plan(plan, buffer)
+    unpacked = unpack_plan(buffer)
+    assert unpacked.history_ids.shape == (0,)
+    assert unpacked.history_start.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("make", PLANS.values(), ids=PLANS.keys())
+def test_unpacked_arrays_are_aligned_views_into_the_buffer_not_copies(make):
+    plan = make()
+    slot = np.zeros(plan_nbytes(plan), np.uint8)
+    pack_plan(plan, slot)
+    unpacked = unpack_plan(slot)
+    for name in ARRAY_FIELDS:
+        array = getattr(unpacked, name)
+        if array.size == 0:
+            continue  # an empty array owns no bytes to share
+        assert np.shares_memory(array, slot), f"{name} is a copy, not a view into the slot"
+        assert (array.ctypes.data - slot.ctypes.data) % 64 == 0, f"{name} is not 64-byte aligned"
+    # A write through the buffer is visible through the view.
+    offset = unpacked.input_ids.ctypes.data - slot.ctypes.data
+    slot[offset : offset + 4].view(np.int32)[0] = -12345
+    assert unpacked.input_ids[0] == -12345
+
+
+def test_arrays_of_one_plan_do_not_overlap():
+    plan = mixed_step()
+    slot = np.zeros(plan_nbytes(plan), np.uint8)
+    pack_plan(plan, slot)
+    unpacked = unpack_plan(slot)
+    arrays = [(name, getattr(unpacked, name)) for name in ARRAY_FIELDS if getattr(unpacked, name).size]
+    for i, (name_a, a) in enumerate(arrays):
+        for name_b, b in arrays[i + 1 :]:
+            assert not np.shares_memory(a, b), f"{name_a} and {name_b} overlap in the slot"
+
+
+@pytest.mark.parametrize("make", PLANS.values(), ids=PLANS.keys())
+def test_buffer_one_byte_too_small_raises_naming_the_step(make):
+    plan = make()
+    nbytes = plan_nbytes(plan)
+    buffer = bytearray(nbytes - 1)
+    message = f"step {plan.step_id} needs {nbytes} bytes, the slot holds {nbytes - 1}"
+    with pytest.raises(ValueError, match=message):
+        pack_plan(plan, buffer)
+    assert buffer == bytearray(nbytes - 1), "a refused pack must not write into the slot"
+
+
+def test_packed_plan_nbytes_is_what_pack_plan_uses():
+    for make in PLANS.values():
+        plan = make()
+        slot = bytearray(1 << 16)
+        assert pack_plan(plan, slot) == plan_nbytes(plan)
+
+
+def test_packed_plan_nbytes_grows_with_every_dimension():
+    base = packed_plan_nbytes(4, 64, 8, 16)
+    assert packed_plan_nbytes(5, 64, 8, 16) > base
+    assert packed_plan_nbytes(4, 65 + 16, 8, 16) > base
+    assert packed_plan_nbytes(4, 64, 8 + 16, 16) > base
+    assert packed_plan_nbytes(4, 64, 8, 16 + 16) > base
+
+
+@pytest.mark.parametrize("make", PLANS.values(), ids=PLANS.keys())
+def test_header_reads_step_id_and_replica_without_unpacking(make):
+    plan = make()
+    slot = memoryview(bytearray(plan_nbytes(plan)))
+    pack_plan(plan, slot)
+    assert packed_plan_header(slot) == (plan.step_id, plan.replica)
+
+
+def test_smaller_plan_packed_into_a_used_slot_unpacks_without_stale_data():
+    slot = bytearray(1 << 16)
+    pack_plan(decode_batch(), slot)
+    small = replace(single_prefill(), step_id=813, replica=2)
+    pack_plan(small, slot)
+    assert packed_plan_header(slot) == (813, 2)
+    assert_plans_equal(unpack_plan(slot), small)
