@@ -1,0 +1,85 @@
+"""TP=2 over gloo, in two real processes, computes the logits TP=1 computes from the same checkpoint."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from plans import Chunk, make_plan
+from tiny_models import build_tiny_checkpoint
+
+from core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig
+from core.distributed import TPGroup, init_tp_group
+from core.runner import ModelRunner
+
+BLOCK_SIZE = 16
+
+
+def _config(directory: str, tp_size: int) -> EngineConfig:
+    return EngineConfig(model=ModelConfig.from_pretrained(directory, dtype="float32"),
+                        parallel=ParallelConfig(tp_size=tp_size),
+                        cache=CacheConfig(block_size=BLOCK_SIZE, num_pages=16))
+
+
+def _plans(prompt: list[int], continuation: list[int]):
+    pages = [4, 0, 9, 2]
+    yield make_plan([Chunk(prompt, 0, pages)], BLOCK_SIZE)
+    for i, token in enumerate(continuation):
+        yield make_plan([Chunk([token], len(prompt) + i, pages)], BLOCK_SIZE, step_id=i + 1)
+
+
+def _run(runner: ModelRunner, prompt, continuation) -> list[torch.Tensor | None]:
+    out = []
+    for plan in _plans(prompt, continuation):
+        logits, _ = runner.forward_logits(plan)
+        out.append(None if logits is None else logits.clone())
+    return out
+
+
+def _tp_worker(rank: int, directory: str, port: int, prompt, continuation, queue) -> None:
+    torch.set_num_threads(1)
+    tp = init_tp_group(rank, 2, f"tcp://127.0.0.1:{port}", backend="gloo")
+    try:
+        runner = ModelRunner(_config(directory, 2), tp=tp, show_progress=False)
+        logits = _run(runner, prompt, continuation)
+        if rank == 0:
+            queue.put([x.numpy() for x in logits])
+        else:
+            assert all(x is None for x in logits), "only TP rank 0 receives logits"
+            queue.put("rank 1 done")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tp2_logits_equal_tp1(tmp_path):
+    build_tiny_checkpoint(tmp_path, seed=5)
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 256, size=23).tolist()
+    continuation = rng.integers(0, 256, size=6).tolist()
+    expected = _run(ModelRunner(_config(str(tmp_path), 1), tp=TPGroup(), show_progress=False),
+                    prompt, continuation)
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_tp_worker, args=(r, str(tmp_path), port, prompt, continuation, queue))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0, f"TP worker exited with {p.exitcode}"
+    tp2 = next(r for r in results if not isinstance(r, str))
+    assert "rank 1 done" in results
+    for step, (ours, theirs) in enumerate(zip(tp2, expected)):
+        error = float(np.abs(ours - theirs.numpy()).max() / np.abs(theirs.numpy()).max())
+        assert error < 1e-5, f"step {step}: TP=2 logits differ from TP=1 by {error:.2e}"
