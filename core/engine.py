@@ -1,0 +1,105 @@
+"""Engine: one replica in one process — scheduler, runner and the loop that joins them.
+
+    step = schedule -> execute -> update
+
+Used by the tests and by offline batch generation (`Engine.generate`); the multiprocess system
+drives the same Scheduler and ModelRunner, with the plan crossing shared memory in between.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.config import EngineConfig
+from core.plan import StepPlan, StepResult
+from core.request import Request, RequestOutput
+from core.runner import ModelRunner
+from core.sampling_params import SamplingParams
+from core.scheduler import Scheduler
+
+
+@dataclass
+class Completion:
+    """Everything one request produced, assembled from its outputs."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None
+    logprobs: list[float] | None = None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None) -> None:
+        self.config = config
+        self.runner = runner or ModelRunner(config)
+        model = config.model
+        eos = model.generation.eos_token_ids
+        if not eos and model.eos_token_id is not None:
+            eos = (model.eos_token_id,)
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_pages,
+                                   config.max_model_len, eos_token_ids=tuple(eos), seed=config.seed)
+        self._ids = itertools.count()
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                    request_id: str | None = None) -> str:
+        """Queue a request; raises RequestRejectedError when it can never run."""
+        request_id = request_id or f"req-{next(self._ids)}"
+        self.scheduler.add_request(Request(request_id, list(prompt_token_ids), params))
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        return self.scheduler.abort_request(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return self.scheduler.drain_outputs()
+        return self.scheduler.update(plan, self._execute(plan))
+
+    def _execute(self, plan: StepPlan) -> StepResult:
+        try:
+            return self.runner.execute(plan)
+        except Exception as exc:  # the step's requests fail with the message; the engine lives on
+            return StepResult(step_id=plan.step_id, replica=plan.replica,
+                              sampled_token_ids=np.zeros(plan.num_reqs, np.int32),
+                              error=f"step {plan.step_id} failed: {type(exc).__name__}: {exc}")
+
+    def generate(self, prompts: Iterable[list[int]], params: SamplingParams | list[SamplingParams],
+                 max_steps: int = 1_000_000) -> list[Completion]:
+        """Run `prompts` to completion, all at once; results in the prompts' order."""
+        prompts = [list(p) for p in prompts]
+        all_params = params if isinstance(params, list) else [params] * len(prompts)
+        completions = {}
+        for prompt, p in zip(prompts, all_params):
+            request_id = self.add_request(prompt, p)
+            completions[request_id] = Completion(request_id, prompt)
+        for _ in range(max_steps):
+            if not self.has_unfinished():
+                break
+            for out in self.step():
+                self._collect(completions[out.request_id], out)
+        else:
+            raise RuntimeError(f"generation did not finish within {max_steps} steps")
+        for out in self.scheduler.drain_outputs():
+            self._collect(completions[out.request_id], out)
+        return list(completions.values())
+
+    @staticmethod
+    def _collect(completion: Completion, out: RequestOutput) -> None:
+        completion.token_ids.extend(out.new_token_ids)
+        if out.logprobs is not None:
+            completion.logprobs = (completion.logprobs or []) + list(out.logprobs)
+        if out.finished:
+            completion.finish_reason = out.finish_reason
+            completion.error = out.error
+        completion.num_cached_tokens = max(completion.num_cached_tokens, out.num_cached_tokens)
