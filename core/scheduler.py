@@ -36,6 +36,7 @@ from core.kv.radix_cache import RadixCache
 from core.plan import StepPlan, StepResult
 from core.request import Request, RequestOutput, RequestStatus
 from core.scheduler_stats import SchedulerStats
+from core.slot_table import SlotTable
 
 _SEED_RANGE = 2**63
 
@@ -52,49 +53,6 @@ class SchedulerError(RuntimeError):
     """The scheduler was driven out of its protocol or found its own invariant broken."""
 
 
-class _Slots:
-    """Executor slots and what the plan needs per slot, kept as numpy rows.
-
-    A running request's block-table row and sampling parameters are written once (pages as they
-    are added), so a step gathers them with one fancy index instead of a copy per request.
-    """
-
-    SAMPLING_DTYPES = {
-        "temperature": np.float32, "top_p": np.float32, "top_k": np.int32, "min_p": np.float32,
-        "seed": np.int64, "repetition_penalty": np.float32, "presence_penalty": np.float32,
-        "frequency_penalty": np.float32, "num_logprobs": np.int32,
-    }
-
-    def __init__(self, num_slots: int, max_pages_per_request: int) -> None:
-        self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
-        self.block_table = np.zeros((num_slots, max_pages_per_request), np.int32)  # 0 = padding
-        self.sampling = {name: np.zeros(num_slots, dtype) for name, dtype in self.SAMPLING_DTYPES.items()}
-        self.has_penalties = np.zeros(num_slots, bool)
-
-    def assign(self, request: Request) -> None:
-        slot = request.slot = self._free.pop()
-        params = request.sampling_params
-        values = {
-            "temperature": params.temperature, "top_p": params.top_p, "top_k": max(params.top_k, 0),
-            "min_p": params.min_p, "seed": request.seed, "repetition_penalty": params.repetition_penalty,
-            "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
-            "num_logprobs": -1 if params.logprobs is None else params.logprobs,
-        }
-        for name, value in values.items():
-            self.sampling[name][slot] = value
-        self.has_penalties[slot] = params.has_penalties
-
-    def add_pages(self, request: Request, pages: list[int]) -> None:
-        start = len(request.pages)
-        self.block_table[request.slot, start : start + len(pages)] = pages
-        request.pages.extend(pages)
-
-    def release(self, request: Request) -> None:
-        self.block_table[request.slot, : len(request.pages)] = 0
-        self._free.append(request.slot)
-        request.slot = None
-
-
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_pages: int,
                  max_model_len: int, eos_token_ids: Iterable[int], seed: int = 0, replica: int = 0) -> None:
@@ -108,7 +66,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the newest is last
         self._requests: dict[str, Request] = {}  # every unfinished request
-        self._slots = _Slots(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size))
+        self._slots = SlotTable(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size))
         self._rng = np.random.default_rng(seed)
         self._pending_outputs: list[RequestOutput] = []
         self._in_flight: tuple[int, list[tuple[Request, int]]] | None = None  # step id, (request, tokens)
@@ -198,7 +156,8 @@ class Scheduler:
             budget -= num_new
         if not scheduled:
             return None
-        plan = self._build_plan(scheduled)
+        plan = self._slots.build_plan(scheduled, self.block_size, self._next_step_id, self.replica)
+        self._next_step_id += 1
         self._in_flight = (plan.step_id, scheduled)
         self._num_tokens_last_step = plan.num_tokens
         return plan
@@ -430,56 +389,3 @@ class Scheduler:
     def _final_output(request: Request) -> RequestOutput:
         return RequestOutput(request.request_id, [], True, request.finish_reason, request.stop_reason,
                              num_cached_tokens=request.num_cached_tokens or 0, error=request.error)
-
-    # --- the plan ---------------------------------------------------------------------------------
-    def _build_plan(self, scheduled: list[tuple[Request, int]]) -> StepPlan:
-        """Flat arrays of the step: per-request Python, per-token numpy."""
-        block_size = self.block_size
-        num_reqs = len(scheduled)
-        columns = np.array([(r.slot, r.num_computed_tokens, n, r.num_tokens, r.prompt_len, r.last_token_id)
-                            for r, n in scheduled], np.int32).reshape(num_reqs, 6)
-        slots, num_computed, num_new, num_tokens, prompt_len, last_token_ids = columns.T
-        query_start = np.zeros(num_reqs + 1, np.int32)
-        np.cumsum(num_new, out=query_start[1:])
-        num_step_tokens = int(query_start[-1])
-        seq_lens = num_computed + num_new
-        # A decode's input is its last token; only prefill chunks copy a slice of their tokens.
-        input_ids = np.repeat(last_token_ids, num_new)
-        for row in np.flatnonzero((num_new > 1) | (seq_lens < num_tokens)).tolist():
-            request, start = scheduled[row][0], int(num_computed[row])
-            input_ids[query_start[row] : query_start[row + 1]] = request.all_token_ids[start : seq_lens[row]]
-        # positions: each request's run num_computed, num_computed + 1, ... laid end to end
-        positions = (np.arange(num_step_tokens, dtype=np.int32)
-                     + np.repeat(num_computed - query_start[:-1], num_new))
-        width = -(-int(seq_lens.max()) // block_size)
-        block_table = self._slots.block_table[slots, :width]
-        token_rows = np.repeat(np.arange(num_reqs), num_new)
-        slot_mapping = (block_table[token_rows, positions // block_size].astype(np.int64) * block_size
-                        + positions % block_size)
-        logits_index = np.where(seq_lens == num_tokens, query_start[1:] - 1, -1).astype(np.int32)
-        sampling = {name: values[slots] for name, values in self._slots.sampling.items()}
-        history = self._penalty_history(scheduled, slots, num_tokens, prompt_len, logits_index >= 0)
-        step_id = self._next_step_id
-        self._next_step_id += 1
-        return StepPlan(
-            step_id=step_id, replica=self.replica, req_slot=slots, query_start=query_start,
-            seq_lens=seq_lens, block_table=block_table, logits_index=logits_index,
-            output_pos=num_tokens - prompt_len, input_ids=input_ids, positions=positions,
-            slot_mapping=slot_mapping, **sampling, **history,
-        )
-
-    def _penalty_history(self, scheduled: list[tuple[Request, int]], slots: np.ndarray,
-                         num_tokens: np.ndarray, prompt_len: np.ndarray,
-                         sampling: np.ndarray) -> dict[str, np.ndarray]:
-        """Prompt + output ids of the requests that sample with penalties; empty ranges for the others."""
-        rows = np.flatnonzero(self._slots.has_penalties[slots] & sampling)
-        lengths = np.zeros(len(scheduled), np.int32)
-        lengths[rows] = num_tokens[rows]
-        history_start = np.zeros(len(scheduled) + 1, np.int32)
-        np.cumsum(lengths, out=history_start[1:])
-        history_prompt_len = np.zeros(len(scheduled), np.int32)
-        history_prompt_len[rows] = prompt_len[rows]
-        pieces = [scheduled[row][0].all_token_ids for row in rows.tolist()]
-        history_ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-        return {"history_start": history_start, "history_prompt_len": history_prompt_len,
-                "history_ids": history_ids}

@@ -1,0 +1,108 @@
+"""SlotTable: the executor slots of one replica and the StepPlan gathered from them.
+
+A running request's block-table row and sampling parameters are written into per-slot numpy rows
+once (pages as they are added), so building a step's plan is a fancy index per field plus
+per-token numpy arithmetic: no Python loop per token, no copy per request. The scheduler decides
+who runs; this module only lays the decision out as flat arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.plan import StepPlan
+from core.request import Request
+
+
+class SlotTable:
+    """Executor slots and what the plan needs per slot, kept as numpy rows.
+
+    A running request's block-table row and sampling parameters are written once (pages as they
+    are added), so a step gathers them with one fancy index instead of a copy per request.
+    """
+
+    SAMPLING_DTYPES = {
+        "temperature": np.float32, "top_p": np.float32, "top_k": np.int32, "min_p": np.float32,
+        "seed": np.int64, "repetition_penalty": np.float32, "presence_penalty": np.float32,
+        "frequency_penalty": np.float32, "num_logprobs": np.int32,
+    }
+
+    def __init__(self, num_slots: int, max_pages_per_request: int) -> None:
+        self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+        self.block_table = np.zeros((num_slots, max_pages_per_request), np.int32)  # 0 = padding
+        self.sampling = {name: np.zeros(num_slots, dtype) for name, dtype in self.SAMPLING_DTYPES.items()}
+        self.has_penalties = np.zeros(num_slots, bool)
+
+    def assign(self, request: Request) -> None:
+        slot = request.slot = self._free.pop()
+        params = request.sampling_params
+        values = {
+            "temperature": params.temperature, "top_p": params.top_p, "top_k": max(params.top_k, 0),
+            "min_p": params.min_p, "seed": request.seed, "repetition_penalty": params.repetition_penalty,
+            "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
+            "num_logprobs": -1 if params.logprobs is None else params.logprobs,
+        }
+        for name, value in values.items():
+            self.sampling[name][slot] = value
+        self.has_penalties[slot] = params.has_penalties
+
+    def add_pages(self, request: Request, pages: list[int]) -> None:
+        start = len(request.pages)
+        self.block_table[request.slot, start : start + len(pages)] = pages
+        request.pages.extend(pages)
+
+    def release(self, request: Request) -> None:
+        self.block_table[request.slot, : len(request.pages)] = 0
+        self._free.append(request.slot)
+        request.slot = None
+
+    # --- the plan gathered from the slots ----------------------------------------------------------
+    def build_plan(self, scheduled: list[tuple[Request, int]], block_size: int, step_id: int,
+                   replica: int) -> StepPlan:
+        """Flat arrays of the step: per-request Python, per-token numpy."""
+        num_reqs = len(scheduled)
+        columns = np.array([(r.slot, r.num_computed_tokens, n, r.num_tokens, r.prompt_len, r.last_token_id)
+                            for r, n in scheduled], np.int32).reshape(num_reqs, 6)
+        slots, num_computed, num_new, num_tokens, prompt_len, last_token_ids = columns.T
+        query_start = np.zeros(num_reqs + 1, np.int32)
+        np.cumsum(num_new, out=query_start[1:])
+        num_step_tokens = int(query_start[-1])
+        seq_lens = num_computed + num_new
+        # A decode's input is its last token; only prefill chunks copy a slice of their tokens.
+        input_ids = np.repeat(last_token_ids, num_new)
+        for row in np.flatnonzero((num_new > 1) | (seq_lens < num_tokens)).tolist():
+            request, start = scheduled[row][0], int(num_computed[row])
+            input_ids[query_start[row] : query_start[row + 1]] = request.all_token_ids[start : seq_lens[row]]
+        # positions: each request's run num_computed, num_computed + 1, ... laid end to end
+        positions = (np.arange(num_step_tokens, dtype=np.int32)
+                     + np.repeat(num_computed - query_start[:-1], num_new))
+        width = -(-int(seq_lens.max()) // block_size)
+        block_table = self.block_table[slots, :width]
+        token_rows = np.repeat(np.arange(num_reqs), num_new)
+        slot_mapping = (block_table[token_rows, positions // block_size].astype(np.int64) * block_size
+                        + positions % block_size)
+        logits_index = np.where(seq_lens == num_tokens, query_start[1:] - 1, -1).astype(np.int32)
+        sampling = {name: values[slots] for name, values in self.sampling.items()}
+        history = self._penalty_history(scheduled, slots, num_tokens, prompt_len, logits_index >= 0)
+        return StepPlan(
+            step_id=step_id, replica=replica, req_slot=slots, query_start=query_start,
+            seq_lens=seq_lens, block_table=block_table, logits_index=logits_index,
+            output_pos=num_tokens - prompt_len, input_ids=input_ids, positions=positions,
+            slot_mapping=slot_mapping, **sampling, **history,
+        )
+
+    def _penalty_history(self, scheduled: list[tuple[Request, int]], slots: np.ndarray,
+                         num_tokens: np.ndarray, prompt_len: np.ndarray,
+                         sampling: np.ndarray) -> dict[str, np.ndarray]:
+        """Prompt + output ids of the requests that sample with penalties; empty ranges for the others."""
+        rows = np.flatnonzero(self.has_penalties[slots] & sampling)
+        lengths = np.zeros(len(scheduled), np.int32)
+        lengths[rows] = num_tokens[rows]
+        history_start = np.zeros(len(scheduled) + 1, np.int32)
+        np.cumsum(lengths, out=history_start[1:])
+        history_prompt_len = np.zeros(len(scheduled), np.int32)
+        history_prompt_len[rows] = prompt_len[rows]
+        pieces = [scheduled[row][0].all_token_ids for row in rows.tolist()]
+        history_ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+        return {"history_start": history_start, "history_prompt_len": history_prompt_len,
+                "history_ids": history_ids}
