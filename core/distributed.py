@@ -6,6 +6,7 @@ card (or a CPU test) needs no process group. Replicas (DP) never share a group.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,10 @@ class TPGroup:
         """Concatenate every rank's `x` along `dim` on rank 0; the other ranks get None."""
         if self.size == 1:
             return x
+        if x.is_cuda and torch.distributed.get_backend(self.group) == "gloo":
+            # gloo moves CUDA tensors only for broadcast and all-reduce; a gather goes through the host.
+            gathered = self.gather_to_first(x.cpu(), dim)
+            return None if gathered is None else gathered.to(x.device)
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.size)] if self.rank == 0 else None
         torch.distributed.gather(x, parts, dst=self._global_rank(0), group=self.group)
@@ -44,7 +49,7 @@ class TPGroup:
 
 
 def init_tp_group(rank: int, size: int, init_method: str, backend: str, world_rank: int | None = None,
-                  world_size: int | None = None) -> TPGroup:
+                  world_size: int | None = None, timeout_s: float = 600.0) -> TPGroup:
     """Join the process group of one replica's TP ranks (all ranks call this together)."""
     if size == 1:
         return TPGroup()
@@ -53,5 +58,7 @@ def init_tp_group(rank: int, size: int, init_method: str, backend: str, world_ra
         init_method=init_method,
         rank=rank if world_rank is None else world_rank,
         world_size=size if world_size is None else world_size,
+        # A collective that a dead or stuck peer never joins fails after this, instead of hanging.
+        timeout=datetime.timedelta(seconds=timeout_s),
     )
     return TPGroup(rank=rank, size=size, group=torch.distributed.group.WORLD)

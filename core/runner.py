@@ -52,7 +52,8 @@ def build_model(config: EngineConfig, tp: TPGroup, show_progress: bool = True) -
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None, num_pages: int | None = None,
-                 backend: AttentionBackend | None = None, show_progress: bool = True) -> None:
+                 backend: AttentionBackend | None = None, show_progress: bool = True,
+                 memory_share: float = 1.0) -> None:
         self.config = config
         self.tp = tp = tp or TPGroup()
         self.device = torch.device(config.device)
@@ -60,6 +61,8 @@ class ModelRunner:
         self.backend = backend or ReferenceAttention()
         self.model = build_model(config, tp, show_progress=show_progress)
         self.sampler = Sampler()
+        # The fraction of the card this runner may plan with: 1/N when N executors share one card.
+        self.memory_share = memory_share
         self.num_pages = num_pages or config.cache.num_pages or self._num_pages_that_fit()
         self.kv_cache = self._allocate_kv_cache(self.num_pages)
 
@@ -80,14 +83,14 @@ class ModelRunner:
             return max(1, CPU_KV_CACHE_BYTES // self._page_bytes())
         peak = self.profile_peak_memory()
         total = torch.cuda.get_device_properties(self.device).total_memory
-        budget = int(self.config.cache.gpu_memory_utilization * total) - peak
+        budget = int(self.config.cache.gpu_memory_utilization * self.memory_share * total) - peak
         num_pages = budget // self._page_bytes()
         if num_pages < 1:
             raise RuntimeError(
                 f"rank tp={self.tp.rank}: no memory left for the KV cache: the weights and a warm-up step "
                 f"of {self.config.scheduler.max_num_batched_tokens} tokens peak at {peak / 2**30:.1f} GiB "
-                f"of {total / 2**30:.1f} GiB; raise gpu_memory_utilization, lower max_num_batched_tokens "
-                f"or use a larger tp_size"
+                f"of its {self.memory_share * total / 2**30:.1f} GiB share of the card; raise "
+                f"gpu_memory_utilization, lower max_num_batched_tokens or use a larger tp_size"
             )
         return int(num_pages)
 

@@ -113,6 +113,38 @@ class Scheduler:
         self._pending_outputs.append(self._final_output(request))
         return True
 
+    def evacuate(self) -> list[Request]:
+        """Hand over every unfinished request, for another replica to `adopt` (this replica is dead).
+
+        Nothing of this replica's KV is trusted any more: each request keeps its prompt, the tokens
+        it generated and its seed, and will be recomputed wherever it lands, as after a preemption.
+        The scheduler is unusable afterwards.
+        """
+        requests = [*self.running, *self.waiting]
+        for request in requests:
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+            request.pages = []
+            request.slot = None
+            request.cache_node = None
+        self.running, self.waiting, self._requests, self._in_flight = [], deque(), {}, None
+        return requests
+
+    def adopt(self, request: Request) -> None:
+        """Take over a request evacuated from another replica; it is recomputed at the queue's front."""
+        if request.request_id in self._requests:
+            raise SchedulerError(f"request {request.request_id!r} is already on replica {self.replica}")
+        if request.status is not RequestStatus.PREEMPTED or request.slot is not None:
+            raise SchedulerError(f"adopt() takes evacuated requests, got {request!r}")
+        request.num_preemptions += 1
+        self._requests[request.request_id] = request
+        self.waiting.appendleft(request)
+        self._num_preempted_waiting += 1
+
+    def cached_prefix_len(self, token_ids: np.ndarray) -> int:
+        """How many leading tokens of a prompt this replica's prefix cache holds (for the DP router)."""
+        return self.cache.peek(token_ids)
+
     def has_unfinished(self) -> bool:
         return bool(self._requests or self._pending_outputs)
 

@@ -255,3 +255,16 @@ class RouterChannel(Channel):
                 f"channel {self.name}: cannot send {type_name(msg)} to identity {identity!r} "
                 f"(not connected?): {e.__cause__}"
             ) from e
+
+
+def wait_readable(channels: Sequence[Channel], timeout_s: float) -> list[Channel]:
+    """The channels that have a message waiting, blocking up to `timeout_s` for the first one.
+
+    A process loop that serves several sockets waits here, then drains each ready channel with
+    `recv(0)`: no busy loop, and no socket starves another.
+    """
+    poller = zmq.Poller()
+    for channel in channels:
+        poller.register(channel._socket, zmq.POLLIN)
+    ready = dict(poller.poll(max(0, int(timeout_s * 1000))))
+    return [c for c in channels if c._socket in ready]

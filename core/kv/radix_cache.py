@@ -140,6 +140,28 @@ class RadixCache:
         self.num_hit_tokens += length
         return Match(pages, length, node)
 
+    def peek(self, token_ids: Sequence[int] | np.ndarray) -> int:
+        """Tokens of `token_ids` that match() would find, without touching the tree or its counters.
+
+        The DP router calls this on every replica's tree for every new request; a real match splits
+        nodes and refreshes LRU order, which only the replica that takes the request should do.
+        """
+        num_pages = len(token_ids) // self.block_size
+        if not self.enabled or num_pages == 0:
+            return 0
+        key = self._key(token_ids[: num_pages * self.block_size])
+        node, num_matched = self._root, 0
+        while num_matched < num_pages:
+            child = node.children.get(self._page_key(key, num_matched))
+            if child is None:
+                break
+            common = self._common_pages(child.key, key, num_matched)
+            num_matched += common
+            if common < len(child.pages):
+                break
+            node = child
+        return num_matched * self.block_size
+
     def lock(self, node: _Node) -> None:
         """Protect the path from `node` to the root from eviction (one lock per using request)."""
         while node is not self._root:

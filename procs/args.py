@@ -1,0 +1,107 @@
+"""The engine's command-line flags (vLLM's names where it has them) and the configs they make.
+
+`cadence serve` and `python -m procs.launcher` both take these; the API adds its own (--host,
+--port, --api-key, --served-model-name).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from core.config import (
+    LOAD_FORMATS,
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
+from procs.launcher import LaunchOptions
+
+DEFAULT_MODEL = "qwen3-tiny"
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    defaults_cache, defaults_sched = CacheConfig(), SchedulerConfig()
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=DEFAULT_MODEL,
+                       help="a preset (qwen3-14b, qwen3-tiny) or a Hugging Face model directory "
+                            f"(default: {DEFAULT_MODEL}, dummy weights, the built-in Qwen vocabulary)")
+    group.add_argument("--tokenizer", default=None,
+                       help="a directory with tokenizer files (default: the model directory, or the "
+                            "built-in Qwen vocabulary for presets)")
+    group.add_argument("--tensor-parallel-size", "--tp", "-tp", type=int, default=1, dest="tp",
+                       help="ranks one replica is split across (default: 1)")
+    group.add_argument("--data-parallel-size", "--dp", "-dp", type=int, default=1, dest="dp",
+                       help="independent replicas (default: 1)")
+    group.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                       help="default: cuda when a GPU is present, else cpu")
+    group.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
+                       help="auto: bfloat16 on GPU, float32 on CPU")
+    group.add_argument("--max-model-len", type=int, default=None,
+                       help="longest prompt + output, in tokens (default: the model's context)")
+    group.add_argument("--max-num-seqs", type=int, default=defaults_sched.max_num_seqs,
+                       help=f"requests running at once per replica (default: {defaults_sched.max_num_seqs})")
+    group.add_argument("--max-num-batched-tokens", type=int, default=defaults_sched.max_num_batched_tokens,
+                       help=f"tokens per step (default: {defaults_sched.max_num_batched_tokens})")
+    group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                       help="split long prompts across steps (default: on)")
+    group.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                       help="cap one request's chunk per step with chunked prefill (default: 0, no cap)")
+    group.add_argument("--block-size", type=int, default=defaults_cache.block_size,
+                       help=f"tokens per KV page (default: {defaults_cache.block_size})")
+    group.add_argument("--gpu-memory-utilization", type=float,
+                       default=defaults_cache.gpu_memory_utilization,
+                       help="fraction of each card for weights, activations and KV cache; executors "
+                            f"sharing a card split it (default: {defaults_cache.gpu_memory_utilization})")
+    group.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                       help="KV pages per executor instead of profiling memory")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                       help="radix prefix cache over the KV pages (default: on)")
+    group.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                       help="auto: the checkpoint's safetensors, or dummy weights for a preset")
+    group.add_argument("--seed", type=int, default=0, help="dummy weights and unseeded sampling (default: 0)")
+    group.add_argument("--step-timeout", type=float, default=LaunchOptions.step_timeout_s,
+                       help="seconds a step may take before its replica is declared stuck "
+                            f"(default: {LaunchOptions.step_timeout_s:g})")
+    group.add_argument("--startup-timeout", type=float, default=LaunchOptions.startup_timeout_s,
+                       help=f"seconds to load and profile (default: {LaunchOptions.startup_timeout_s:g})")
+    return parser
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig the flags describe; ConfigError says which flag is wrong."""
+    device = args.device or default_device()
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    model = ModelConfig.from_name(args.model, dtype=dtype, load_format=args.load_format)
+    if args.load_format == "safetensors" and model.model_path is None:
+        raise ConfigError(f"--load-format safetensors needs a model directory, not the preset {args.model}")
+    return EngineConfig(
+        model=model,
+        parallel=ParallelConfig(tp_size=args.tp, dp_size=args.dp),
+        cache=CacheConfig(block_size=args.block_size, num_pages=args.num_gpu_blocks_override,
+                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          enable_prefix_caching=args.enable_prefix_caching),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs,
+                                  max_num_batched_tokens=args.max_num_batched_tokens,
+                                  max_model_len=args.max_model_len,
+                                  enable_chunked_prefill=args.enable_chunked_prefill,
+                                  long_prefill_token_threshold=args.long_prefill_token_threshold),
+        device=device,
+        seed=args.seed,
+    )
+
+
+def launch_options_from_args(args: argparse.Namespace) -> LaunchOptions:
+    return LaunchOptions(served_model_name=getattr(args, "served_model_name", None),
+                         tokenizer_path=args.tokenizer, step_timeout_s=args.step_timeout,
+                         startup_timeout_s=args.startup_timeout)

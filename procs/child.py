@@ -1,0 +1,70 @@
+"""What every child process does first and last: name itself, log, obey signals, report READY.
+
+Children ignore SIGINT (a Ctrl-C in the terminal reaches the whole process group; the launcher
+alone decides the shutdown order) and turn SIGTERM into `Stopping`, which their loops let unwind
+through their cleanup. They also ask the kernel for SIGTERM when the launcher dies, so no child
+outlives a crashed launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+
+from ipc.codec import encode
+from procs.messages import Ready
+
+_PR_SET_PDEATHSIG = 1
+
+
+class Stopping(Exception):  # noqa: N818 - a signal, not an error
+    """SIGTERM arrived: leave the loop through its cleanup."""
+
+
+def become(title: str) -> logging.Logger:
+    """Set the process title (`cadence:scheduler`, ...), logging and signal handling."""
+    import setproctitle
+
+    setproctitle.setproctitle(title)
+    logging.basicConfig(
+        level=os.environ.get("CADENCE_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s %(levelname)s [{title}] %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_stopping)
+    _die_with_parent()
+    return logging.getLogger(title)
+
+
+def report_ready(conn: Connection, ready: Ready) -> None:
+    """The READY handshake: one encoded Ready on the pipe the launcher reads, then close it."""
+    try:
+        conn.send_bytes(encode(ready))
+    finally:
+        conn.close()
+
+
+def _raise_stopping(signum: int, frame: object) -> None:
+    raise Stopping(f"signal {signum}")
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # the loops also notice a changed parent pid
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        raise Stopping("the launcher is gone")
+
+
+def parent_alive(original_ppid: int) -> bool:
+    return os.getppid() == original_ppid

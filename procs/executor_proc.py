@@ -1,0 +1,160 @@
+"""The executor process: one GPU rank (or one CPU worker) of one replica.
+
+It loads its shard, joins its replica's TP group (NCCL across cards, gloo on the CPU or when ranks
+share a card), profiles memory, reports its KV pages in the READY handshake, then loops:
+
+    wait for a doorbell -> read the plan from the ring -> run the ModelRunner -> reply (TP rank 0)
+
+It never decides anything. Every TP rank runs every step in the order the doorbell announces them,
+which is what keeps the ranks in lockstep. An exception inside a step becomes a StepDone with the
+error and the rank that raised it (any rank reports its own failure); the loop lives on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from core.plan import StepResult, unpack_plan
+from ipc.channels import PushChannel, SubChannel
+from ipc.codec import CodecError, decode
+from ipc.shm_ring import StepRing
+from procs.child import Stopping, become, parent_alive, report_ready
+from procs.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
+from procs.step_frames import result_to_frames
+
+# A doorbell announces a step whose header is already written: this only covers a torn read.
+_RING_READ_TIMEOUT_S = 5.0
+_IDLE_WAIT_S = 1.0
+
+
+def run_executor(spec_bytes: bytes, ready_conn: Connection) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    spec: ExecutorSpec = decode(spec_bytes)
+    log = become(f"cadence:executor dp={spec.replica} tp={spec.rank}")
+    try:
+        runner = _build_runner(spec)
+    except Stopping:
+        sys.exit(0)
+    except BaseException as exc:  # noqa: BLE001 - the launcher prints it and exits non-zero
+        log.exception("startup failed")
+        report_ready(ready_conn, Ready("executor", os.getpid(), spec.replica, spec.rank,
+                                       error=f"{type(exc).__name__}: {exc}"))
+        sys.exit(1)
+    report_ready(ready_conn, Ready("executor", os.getpid(), spec.replica, spec.rank,
+                                   num_pages=runner.num_pages))
+    log.info("ready: %d KV pages of %d tokens on %s", runner.num_pages, spec.config.cache.block_size,
+             spec.device)
+    executor = Executor(spec, runner, log)
+    try:
+        executor.loop()
+    except Stopping:
+        pass
+    finally:
+        executor.close()
+
+
+def _build_runner(spec: ExecutorSpec):
+    import torch
+
+    from core.distributed import TPGroup, init_tp_group
+    from core.runner import ModelRunner
+
+    if spec.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(spec.device))
+    else:
+        # Every executor of the machine shares its cores; more threads than that only thrash.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.config.parallel.world_size))
+    tp_size = spec.config.parallel.tp_size
+    tp = TPGroup() if tp_size == 1 else init_tp_group(
+        spec.rank, tp_size, spec.dist_init_method, spec.dist_backend, timeout_s=spec.dist_timeout_s)
+    config = dataclasses.replace(spec.config, device=spec.device)
+    return ModelRunner(config, tp=tp, show_progress=spec.rank == 0, memory_share=spec.kv_memory_share)
+
+
+class Executor:
+    def __init__(self, spec: ExecutorSpec, runner, log: logging.Logger) -> None:
+        self.spec = spec
+        self.runner = runner
+        self.log = log
+        self.name = f"executor dp={spec.replica} tp={spec.rank}"
+        self._ppid = os.getppid()
+        self.doorbell = SubChannel.connect(spec.doorbell, name=f"doorbell of replica {spec.replica}",
+                                           types=(StepReady, Ping, Stop))
+        self.results = PushChannel.connect(spec.results, name="results to the scheduler")
+        self.ring: StepRing | None = None
+
+    def loop(self) -> None:
+        while True:
+            try:
+                delivery = self.doorbell.recv_with_frames(_IDLE_WAIT_S)
+            except CodecError as exc:
+                self.log.warning("ignored a bad doorbell message: %s", exc)
+                continue
+            if delivery is None:
+                if not parent_alive(self._ppid):
+                    self.log.warning("the launcher is gone; exiting")
+                    return
+                continue
+            msg = delivery.message
+            if isinstance(msg, Stop):
+                return
+            if isinstance(msg, Ping):
+                self.results.send(Pong(self.spec.replica, self.spec.rank, msg.nonce))
+            else:
+                self.step(msg, delivery.frames)
+
+    def step(self, ready: StepReady, frames: tuple[memoryview, ...]) -> None:
+        """Run the announced step and reply: rank 0 always, any rank when the step failed on it."""
+        start = time.perf_counter()
+        result = None
+        try:
+            if ready.slot < 0:
+                plan = unpack_plan(frames[0])
+            else:
+                plan = self._ring().read(ready.step_id, ready.slot, _RING_READ_TIMEOUT_S)
+            read_ms = (time.perf_counter() - start) * 1e3
+            result = self.runner.execute(plan)
+            if result is not None:
+                result.timings_ms["read_plan"] = read_ms
+        except Exception as exc:  # the step's requests fail with this message; the loop lives on
+            self.log.exception("step %d failed", ready.step_id)
+            result = StepResult(step_id=ready.step_id, replica=self.spec.replica,
+                                sampled_token_ids=np.zeros(0, np.int32),
+                                error=f"{self.name}: {type(exc).__name__}: {exc}")
+        finally:
+            # The ranks sync in the forward's collectives, so the plan's host data has been copied.
+            if ready.slot >= 0 and self.ring is not None:
+                self.ring.consumed(ready.step_id)
+        if result is None:
+            return
+        if result.error is not None:
+            self.results.send(StepDone(self.spec.replica, self.spec.rank, ready.step_id, error=result.error))
+            return
+        done, payload = result_to_frames(result, self.spec.rank)
+        self.results.send(done, frames=payload)
+
+    def _ring(self) -> StepRing:
+        if self.ring is None:
+            self.ring = StepRing.attach(self.spec.ring_name, self.spec.rank)
+            if self.spec.device.startswith("cuda"):
+                self.ring.register_with_cuda()
+        return self.ring
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+        self.doorbell.close()
+        self.results.close()
+        if self.spec.config.parallel.tp_size > 1:
+            import torch
+
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+

@@ -1,0 +1,318 @@
+"""The launcher: starts every process, waits for their READY, supervises them, shuts them down.
+
+Start order: the executors (all replicas, all TP ranks) and the tokenizer at once; when every
+executor has reported its KV pages, the scheduler, which sizes each replica's pool to the minimum
+over its ranks and pings every rank before it reports READY itself. A child that fails to start
+sends its error through the handshake and the launcher raises LaunchError with it.
+
+Supervision waits on the children's sentinels, so a death is noticed at once. A dead executor
+takes its replica down (the scheduler moves the replica's requests to live ones); a dead scheduler
+or tokenizer ends serving. Shutdown goes tokenizer -> scheduler (which stops its executors) ->
+executors, each with a deadline and SIGKILL after it; the run's sockets and /dev/shm segments are
+removed whatever happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+
+from core.config import EngineConfig
+from ipc.channels import PushChannel
+from ipc.codec import CodecError, decode, encode
+from ipc.endpoints import Endpoints
+from ipc.shm_ring import cleanup_stale, ring_name, run_prefix
+from procs.executor_proc import run_executor
+from procs.messages import ExecutorSpec, Ready, ReplicaDown, SchedulerSpec, Shutdown, TokenizerSpec
+from procs.scheduler_proc import run_scheduler
+from procs.tokenizer_proc import run_tokenizer
+
+log = logging.getLogger("cadence.launcher")
+
+
+class LaunchError(RuntimeError):
+    """A process failed to start; the message names it and carries its own error."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    served_model_name: str | None = None  # default: the model's name
+    tokenizer_path: str | None = None  # default: the model directory (or the built-in vocabulary)
+    startup_timeout_s: float = 900.0  # loading 30 GB of weights and profiling takes minutes
+    step_timeout_s: float = 300.0  # a step with no result for this long takes its replica down
+    shutdown_timeout_s: float = 10.0  # per stage, before SIGKILL
+    runtime_root: str | None = None  # where the private socket directory goes (tests)
+
+
+@dataclass
+class Child:
+    name: str  # "executor dp=0 tp=1", "scheduler", "tokenizer"
+    process: mp.Process
+    ready_conn: Connection
+    replica: int = -1
+    ready: Ready | None = None
+
+
+@dataclass
+class _ReplicaState:
+    alive: bool = True
+    reason: str | None = None
+    executors: list[Child] = field(default_factory=list)
+
+
+class Launcher:
+    def __init__(self, config: EngineConfig, options: LaunchOptions | None = None) -> None:
+        self.config = config
+        self.options = options or LaunchOptions()
+        self.run_id = f"{os.getpid()}-{secrets.token_hex(3)}"
+        self.endpoints: Endpoints | None = None
+        self.tokenizer: Child | None = None
+        self.scheduler: Child | None = None
+        self.replicas = [_ReplicaState() for _ in range(config.parallel.dp_size)]
+        self.fatal_error: str | None = None  # the scheduler or tokenizer died
+        self._ctx = mp.get_context("spawn")
+        self._stopping = threading.Event()
+        self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
+        self._supervisor: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Launcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def serving(self) -> bool:
+        return self.fatal_error is None and any(r.alive for r in self.replicas)
+
+    @property
+    def executors(self) -> list[Child]:
+        return [c for r in self.replicas for c in r.executors]
+
+    @property
+    def children(self) -> list[Child]:
+        return [c for c in (self.tokenizer, self.scheduler, *self.executors) if c is not None]
+
+    def start(self) -> None:
+        """Start everything and return once the whole system is ready; LaunchError otherwise."""
+        config, options = self.config, self.options
+        cleanup_stale(run_prefix(self.run_id))
+        self.endpoints = eps = Endpoints.create(self.run_id, config.parallel.dp_size,
+                                                runtime_root=options.runtime_root)
+        try:
+            for replica in range(config.parallel.dp_size):
+                for spec in self._executor_specs(replica):
+                    child = self._spawn(f"executor dp={replica} tp={spec.rank}", run_executor, spec)
+                    child.replica = replica
+                    self.replicas[replica].executors.append(child)
+            self.tokenizer = self._spawn("tokenizer", run_tokenizer, TokenizerSpec(
+                config, options.served_model_name or config.model.name,
+                options.tokenizer_path or config.model.model_path,
+                eps.tokenizer_frontend, eps.scheduler_input, eps.tokenizer_output))
+            deadline = time.monotonic() + options.startup_timeout_s
+            self._await_ready([*self.executors, self.tokenizer], deadline)
+            num_pages = [min(c.ready.num_pages for c in r.executors) for r in self.replicas]
+            self.scheduler = self._spawn("scheduler", run_scheduler, SchedulerSpec(
+                config, self.run_id, num_pages, eps.scheduler_input, eps.tokenizer_output, eps.results,
+                list(eps.doorbells), options.step_timeout_s))
+            self._await_ready([self.scheduler], deadline)
+        except BaseException:
+            self.shutdown()
+            raise
+        self._supervisor = threading.Thread(target=self._supervise, name="cadence-supervisor", daemon=True)
+        self._supervisor.start()
+        log.info("serving %s: dp=%d tp=%d on %s, KV pages per replica %s", config.model.name,
+                 config.parallel.dp_size, config.parallel.tp_size, config.device, num_pages)
+
+    def shutdown(self) -> None:
+        """Stop everything in order; safe to call twice and from a signal handler's thread."""
+        with self._lock:
+            if self._stopping.is_set() and self.endpoints is None:
+                return
+            self._stopping.set()
+            with contextlib.suppress(OSError):
+                self._wake_w.send_bytes(b"stop")
+            if self._supervisor is not None and self._supervisor is not threading.current_thread():
+                self._supervisor.join(timeout=5)
+            timeout = self.options.shutdown_timeout_s
+            if self.tokenizer is not None:
+                _stop(self.tokenizer, timeout)
+            if self.scheduler is not None and self.scheduler.process.is_alive() and self.endpoints:
+                with contextlib.suppress(Exception), PushChannel.connect(
+                        self.endpoints.scheduler_input, name="launcher to scheduler", send_timeout_s=1) as ch:
+                    ch.send(Shutdown("the launcher is shutting down"))
+                    self.scheduler.process.join(timeout)
+                _stop(self.scheduler, timeout)
+            for child in self.executors:  # the scheduler's Stop reached them; join in parallel
+                child.process.join(max(0.0, timeout))
+                _stop(child, timeout)
+            cleanup_stale(run_prefix(self.run_id))
+            if self.endpoints is not None:
+                self.endpoints.cleanup()
+                self.endpoints = None
+
+    # --- startup helpers ------------------------------------------------------------------------
+
+    def _executor_specs(self, replica: int) -> list[ExecutorSpec]:
+        config, eps = self.config, self.endpoints
+        tp = config.parallel.tp_size
+        devices = _assign_devices(config)
+        mine = devices[replica * tp : (replica + 1) * tp]
+        distinct_cards = len(set(mine)) == tp and mine[0].startswith("cuda")
+        init_method = f"tcp://127.0.0.1:{_free_port()}" if tp > 1 else ""
+        return [
+            ExecutorSpec(config, replica, rank, device, eps.doorbell(replica), eps.results,
+                         ring_name(self.run_id, replica), init_method, "nccl" if distinct_cards else "gloo",
+                         kv_memory_share=1.0 / devices.count(device))
+            for rank, device in enumerate(mine)
+        ]
+
+    def _spawn(self, name: str, target, spec) -> Child:
+        ready_r, ready_w = self._ctx.Pipe(duplex=False)
+        process = self._ctx.Process(target=target, args=(encode(spec), ready_w), name=f"cadence-{name}")
+        process.start()
+        ready_w.close()  # the child holds the write end; EOF here means it died
+        return Child(name, process, ready_r)
+
+    def _await_ready(self, children: list[Child], deadline: float) -> None:
+        pending = {c.ready_conn: c for c in children}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                names = ", ".join(c.name for c in pending.values())
+                raise LaunchError(f"{names} did not report ready within {self.options.startup_timeout_s:g} s")
+            for conn in wait(list(pending), timeout=left):
+                child = pending.pop(conn)
+                try:
+                    ready = decode(conn.recv_bytes())
+                except (EOFError, OSError, CodecError):
+                    child.process.join(5)
+                    raise LaunchError(f"{child.name} exited with code {child.process.exitcode} before it "
+                                      f"was ready; its log above says why") from None
+                finally:
+                    conn.close()
+                if not isinstance(ready, Ready) or ready.error is not None:
+                    error = ready.error if isinstance(ready, Ready) else f"unexpected {ready!r}"
+                    raise LaunchError(f"{child.name} failed to start: {error}")
+                child.ready = ready
+
+    # --- supervision ----------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        """Wait on every child's sentinel; act on each death the moment it happens."""
+        watched = {c.process.sentinel: c for c in self.children}
+        to_scheduler = PushChannel.connect(self.endpoints.scheduler_input, name="launcher to scheduler",
+                                           send_timeout_s=2)
+        try:
+            while watched and not self._stopping.is_set():
+                for handle in wait([*watched, self._wake_r]):
+                    if handle is self._wake_r or self._stopping.is_set():
+                        return
+                    child = watched.pop(handle)
+                    child.process.join(1)
+                    self._on_death(child, to_scheduler)
+        finally:
+            to_scheduler.close()
+
+    def _on_death(self, child: Child, to_scheduler: PushChannel) -> None:
+        reason = f"{child.name} exited with code {child.process.exitcode}"
+        if child.replica < 0:
+            self.fatal_error = reason
+            log.error("%s: serving has stopped", reason)
+            return
+        state = self.replicas[child.replica]
+        log.error("%s: replica %d is down", reason, child.replica)
+        if state.alive:
+            state.alive, state.reason = False, reason
+            with contextlib.suppress(Exception):
+                to_scheduler.send(ReplicaDown(child.replica, reason))
+            for peer in state.executors:  # its TP peers cannot step alone
+                if peer is not child and peer.process.is_alive():
+                    peer.process.terminate()
+
+    # --- for tests and operators ----------------------------------------------------------------
+
+    def kill_executor(self, replica: int, rank: int, sig: int = signal.SIGKILL) -> None:
+        os.kill(self.replicas[replica].executors[rank].process.pid, sig)
+
+
+def _stop(child: Child, timeout_s: float) -> None:
+    """Join, then SIGTERM, then SIGKILL: no child outlives the launcher."""
+    process = child.process
+    if process.pid is None:
+        return
+    process.join(0 if not process.is_alive() else min(timeout_s, 0.5))
+    if process.is_alive():
+        process.terminate()
+        process.join(timeout_s)
+    if process.is_alive():
+        log.warning("%s ignored SIGTERM for %g s; killing it", child.name, timeout_s)
+        process.kill()
+        process.join(5)
+
+
+def _assign_devices(config: EngineConfig) -> list[str]:
+    """The device of every executor, replica-major: executors beyond the card count share cards."""
+    world = config.parallel.world_size
+    if not config.device.startswith("cuda"):
+        return ["cpu"] * world
+    if ":" in config.device:
+        return [config.device] * world
+    import torch
+
+    num_cards = torch.cuda.device_count()
+    if num_cards == 0:
+        raise LaunchError("--device cuda, but no CUDA device is visible")
+    return [f"cuda:{g % num_cards}" for g in range(world)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m procs.launcher`: the system without HTTP, for native clients; Ctrl-C stops it."""
+    from procs.args import add_engine_args, config_from_args, launch_options_from_args
+
+    parser = argparse.ArgumentParser(prog="python -m procs.launcher", description=main.__doc__)
+    add_engine_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [cadence] %(message)s")
+    launcher = Launcher(config_from_args(args), launch_options_from_args(args))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        launcher.start()
+    except LaunchError as exc:
+        log.error("%s", exc)
+        return 1
+    print(f"native clients connect to {launcher.endpoints.tokenizer_frontend}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            if launcher.fatal_error is not None:
+                log.error("stopping: %s", launcher.fatal_error)
+                return 1
+    finally:
+        launcher.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,280 @@
+"""Every message the processes exchange, as frozen dataclasses for ipc.codec.
+
+Three conversations, each one-way in its types:
+
+* clients (the api process, `api.client`) <-> tokenizer, over the tokenizer's ROUTER:
+  GenerateRequest, AbortRequest and ServerInfoQuery in; GenerateOutput, RequestFailed and
+  ServerInfo out. Request ids are the client's own; the tokenizer keeps them apart per client.
+* tokenizer <-> scheduler: TokenizedRequest and AbortRequest in; StepOutputs, Rejected and
+  SchedulerStatus out. The launcher also sends ReplicaDown and Shutdown to the scheduler.
+* scheduler <-> executors: StepReady, Ping and Stop on a replica's doorbell (the plan itself is in
+  the shared-memory ring, or in a frame after StepReady when it does not fit a slot); StepDone and
+  Pong back. StepDone carries its arrays as raw frames (see procs/step_frames.py).
+
+Startup: every child writes one Ready, encoded, to a pipe its launcher reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.config import EngineConfig
+from core.request import RequestOutput
+from core.sampling_params import SamplingParams
+from core.scheduler_stats import SchedulerStats
+from ipc.codec import message
+
+# --- clients <-> tokenizer --------------------------------------------------------------------------
+
+
+@message
+@dataclass(frozen=True)
+class ChatTurn:
+    role: str  # "system", "user", "assistant" or "tool"
+    content: str
+
+
+@message
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One prompt to complete: exactly one of `prompt`, `prompt_token_ids` and `messages`."""
+
+    request_id: str  # the client's own id; unique among its unfinished requests
+    params: SamplingParams
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[ChatTurn] | None = None
+    enable_thinking: bool = True  # chat only: Qwen3's thinking switch
+    add_generation_prompt: bool = True  # chat only
+    stream: bool = True  # one GenerateOutput per step; False: one at the end with everything
+    detokenize: bool = True  # False: token ids only (batch jobs that decode themselves)
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        given = [n for n in ("prompt", "prompt_token_ids", "messages") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of prompt, prompt_token_ids, messages; got {given or 'none'}")
+        if not self.request_id:
+            raise ValueError("request_id must not be empty")
+
+
+@message
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@message
+@dataclass(frozen=True)
+class ServerInfoQuery:
+    pass
+
+
+@message
+@dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    token: str
+    logprob: float
+
+
+@message
+@dataclass(frozen=True)
+class GenerateOutput:
+    """What a request produced since its last output; `finished` marks its last one."""
+
+    request_id: str
+    text: str  # new text (stop strings cut, held-back partial matches not yet included)
+    token_ids: list[int]  # new token ids
+    num_prompt_tokens: int
+    num_output_tokens: int  # so far
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    finished: bool = False
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    error: str | None = None  # why the server (not the client) ended it
+    # Per new token when the request asked for logprobs: its text, its logprob, and the top N.
+    tokens: list[str] | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[TopLogprob]] | None = None
+    prompt_token_ids: list[int] | None = None  # in the first output only
+
+
+@message
+@dataclass(frozen=True)
+class RequestFailed:
+    """A request refused before it ran; `field` names the offending request field when one did."""
+
+    request_id: str
+    message: str
+    field: str | None = None
+    status: int = 400
+
+
+@message
+@dataclass(frozen=True)
+class ReplicaInfo:
+    replica: int
+    alive: bool
+    reason: str | None  # why it is down
+    num_pages: int
+    stats: SchedulerStats | None
+
+
+@message
+@dataclass(frozen=True)
+class ServerInfo:
+    model: str
+    max_model_len: int
+    serving: bool  # some replica alive and the scheduler's loop turning
+    replicas: list[ReplicaInfo]
+    status_age_s: float  # since the scheduler last reported; large means its loop is stuck
+
+
+# --- tokenizer <-> scheduler ------------------------------------------------------------------------
+
+
+@message
+@dataclass(frozen=True)
+class TokenizedRequest:
+    request_id: str  # the tokenizer's internal id
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_s: float  # time.monotonic() when the tokenizer received it
+
+
+@message
+@dataclass(frozen=True)
+class StepOutputs:
+    """Everything a scheduler loop iteration produced for the tokenizer to stream."""
+
+    outputs: list[RequestOutput]
+
+
+@message
+@dataclass(frozen=True)
+class Rejected:
+    request_id: str
+    message: str
+    status: int = 400  # 503 when no replica is serving
+
+
+@message
+@dataclass(frozen=True)
+class SchedulerStatus:
+    serving: bool
+    replicas: list[ReplicaInfo]
+
+
+@message
+@dataclass(frozen=True)
+class ReplicaDown:
+    replica: int
+    reason: str
+
+
+@message
+@dataclass(frozen=True)
+class Shutdown:
+    reason: str = "asked to shut down"
+
+
+# --- scheduler <-> executors ------------------------------------------------------------------------
+
+
+@message
+@dataclass(frozen=True)
+class StepReady:
+    step_id: int
+    slot: int  # ring slot holding the plan; -1: the plan is the frame after this envelope
+
+
+@message
+@dataclass(frozen=True)
+class Ping:
+    replica: int
+    nonce: int
+
+
+@message
+@dataclass(frozen=True)
+class Pong:
+    replica: int
+    rank: int
+    nonce: int
+
+
+@message
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@message
+@dataclass(frozen=True)
+class StepDone:
+    replica: int
+    rank: int
+    step_id: int
+    error: str | None = None
+    has_logprobs: bool = False  # frames: sampled ids, then (if set) logprobs, top ids, top logprobs
+    num_top: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+# --- startup ----------------------------------------------------------------------------------------
+
+
+@message
+@dataclass(frozen=True)
+class Ready:
+    role: str  # "executor", "scheduler" or "tokenizer"
+    pid: int
+    replica: int = -1
+    rank: int = -1
+    num_pages: int = 0  # executors: KV pages that fit after profiling memory
+    error: str | None = None  # a child that could not start says why here
+
+
+# --- what a child process is started with (encoded, passed as its argument) -----------------------
+
+
+@message
+@dataclass(frozen=True)
+class ExecutorSpec:
+    config: EngineConfig
+    replica: int
+    rank: int
+    device: str  # "cpu" or "cuda:N"
+    doorbell: str  # the replica's doorbell address (SUB)
+    results: str  # the scheduler's results address (PUSH)
+    ring_name: str  # the replica's shared-memory ring in /dev/shm
+    dist_init_method: str  # torch.distributed rendezvous of the replica's TP group ("" at tp=1)
+    dist_backend: str  # "nccl" or "gloo"
+    kv_memory_share: float  # fraction of the card this executor may plan with (cards shared by replicas)
+    dist_timeout_s: float = 120.0
+
+
+@message
+@dataclass(frozen=True)
+class SchedulerSpec:
+    config: EngineConfig
+    run_id: str
+    num_pages: list[int]  # per replica: the minimum over its TP ranks
+    inputs: str  # PULL: tokenized requests, aborts, launcher notices
+    outputs: str  # PUSH: to the tokenizer
+    results: str  # PULL: executor results
+    doorbells: list[str]  # PUB per replica
+    step_timeout_s: float  # a step with no result past this takes its replica down
+    ring_slots: int = 4
+
+
+@message
+@dataclass(frozen=True)
+class TokenizerSpec:
+    config: EngineConfig
+    served_model_name: str
+    tokenizer_path: str | None  # a Hugging Face directory; None: the built-in Qwen vocabulary
+    frontend: str  # ROUTER for clients
+    to_scheduler: str  # PUSH
+    from_scheduler: str  # PULL

@@ -1,0 +1,359 @@
+"""The scheduler process: the DP router and one continuous-batching scheduler per replica.
+
+    receive (requests, aborts, notices) -> collect (step results) -> launch (plan, ring, doorbell)
+    -> emit (outputs to the tokenizer) -> watch (deadlines, status)
+
+Each replica has its own Scheduler (block pool, radix tree), its own shared-memory ring and its
+own doorbell; its TP ranks read the same slot and run the same step. Replicas step independently:
+one step in flight per replica, nothing shared between them, no barrier. A replica whose executor
+dies (the launcher sends ReplicaDown) or whose step outlives `step_timeout_s` is taken down; its
+requests move to live replicas and are recomputed there, as after a preemption, so their streams
+simply continue. With no live replica left, every request ends with an error that says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from core.dp_router import DPRouter
+from core.plan import StepPlan, pack_plan, packed_plan_nbytes
+from core.request import Request, RequestOutput
+from core.scheduler import RequestRejectedError, Scheduler, SchedulerError
+from ipc.channels import PubChannel, PullChannel, PushChannel, wait_readable
+from ipc.codec import CodecError, decode
+from ipc.shm_ring import RingError, StepRing, cleanup_stale, ring_name, run_prefix
+from procs.child import Stopping, become, parent_alive, report_ready
+from procs.messages import (
+    AbortRequest,
+    Ping,
+    Pong,
+    Ready,
+    Rejected,
+    ReplicaDown,
+    ReplicaInfo,
+    SchedulerSpec,
+    SchedulerStatus,
+    Shutdown,
+    StepDone,
+    StepOutputs,
+    StepReady,
+    Stop,
+    TokenizedRequest,
+)
+from procs.step_frames import result_from_frames
+
+_STATUS_EVERY_S = 0.2
+_IDLE_WAIT_S = 0.2
+_PING_EVERY_S = 0.1
+_HANDSHAKE_TIMEOUT_S = 60.0
+_RING_WRITE_TIMEOUT_S = 30.0
+
+
+def run_scheduler(spec_bytes: bytes, ready_conn: Connection) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    spec: SchedulerSpec = decode(spec_bytes)
+    log = become("cadence:scheduler")
+    process = None
+    try:
+        process = SchedulerProcess(spec, log)
+        process.handshake(_HANDSHAKE_TIMEOUT_S)
+    except Stopping:
+        if process is not None:
+            process.close()
+        sys.exit(0)
+    except BaseException as exc:  # noqa: BLE001 - reported through READY; the launcher exits non-zero
+        log.exception("startup failed")
+        report_ready(ready_conn, Ready("scheduler", os.getpid(), error=f"{type(exc).__name__}: {exc}"))
+        if process is not None:
+            process.close()
+        sys.exit(1)
+    report_ready(ready_conn, Ready("scheduler", os.getpid()))
+    try:
+        process.loop()
+    except Stopping:
+        pass
+    finally:
+        process.close()
+
+
+@dataclass
+class InFlight:
+    plan: StepPlan
+    sent_s: float
+
+
+class Replica:
+    """One DP replica as the scheduler sees it: its scheduler, ring, doorbell and step in flight."""
+
+    def __init__(self, index: int, spec: SchedulerSpec, num_pages: int) -> None:
+        config = spec.config
+        model = config.model
+        eos = model.generation.eos_token_ids or ((model.eos_token_id,) if model.eos_token_id is not None
+                                                 else ())
+        self.index = index
+        self.num_pages = num_pages
+        self.tp_size = config.parallel.tp_size
+        self.scheduler = Scheduler(config.scheduler, config.cache, num_pages, config.max_model_len,
+                                   eos_token_ids=eos, seed=config.seed + index, replica=index)
+        sched = config.scheduler
+        max_pages = -(-config.max_model_len // config.cache.block_size)
+        # Room for a full step; penalty histories past this go as a frame on the doorbell instead.
+        slot_bytes = packed_plan_nbytes(sched.max_num_seqs, sched.max_num_batched_tokens, max_pages,
+                                        4 * sched.max_num_batched_tokens)
+        self.ring = StepRing.create(ring_name(spec.run_id, index), spec.ring_slots, slot_bytes, self.tp_size)
+        self.doorbell = PubChannel.bind(spec.doorbells[index], name=f"doorbell of replica {index}")
+        self.alive = True
+        self.down_reason: str | None = None
+        self.in_flight: InFlight | None = None
+
+    def executors(self, ranks: list[int] | None = None) -> str:
+        ranks = list(range(self.tp_size)) if ranks is None else ranks
+        return ", ".join(f"executor dp={self.index} tp={r}" for r in ranks)
+
+    def info(self) -> ReplicaInfo:
+        stats = self.scheduler.stats() if self.alive else None
+        return ReplicaInfo(self.index, self.alive, self.down_reason, self.num_pages, stats)
+
+    def close(self) -> None:
+        self.doorbell.close()
+        self.ring.close()
+        self.ring.unlink()
+
+
+class SchedulerProcess:
+    def __init__(self, spec: SchedulerSpec, log: logging.Logger) -> None:
+        self.spec = spec
+        self.log = log
+        self.step_timeout_s = spec.step_timeout_s
+        self._ppid = os.getppid()
+        cleanup_stale(run_prefix(spec.run_id))
+        self.inputs = PullChannel.bind(spec.inputs, name="scheduler inputs",
+                                       types=(TokenizedRequest, AbortRequest, ReplicaDown, Shutdown))
+        self.results = PullChannel.bind(spec.results, name="executor results", types=(StepDone, Pong))
+        self.outputs = PushChannel.connect(spec.outputs, name="outputs to the tokenizer")
+        self.replicas: list[Replica] = []
+        for index, num_pages in enumerate(spec.num_pages):
+            self.replicas.append(Replica(index, spec, num_pages))
+        self.router = DPRouter(len(self.replicas))
+        self._pending: list[RequestOutput] = []  # outputs to emit this iteration
+        self._rejected: list[Rejected] = []
+        self._stopping = False
+        self._last_status_s = 0.0
+
+    # --- startup --------------------------------------------------------------------------------
+
+    def handshake(self, timeout_s: float) -> None:
+        """Ping every replica's doorbell until each TP rank answered: its subscription is live."""
+        waiting = {(r.index, rank) for r in self.replicas for rank in range(r.tp_size)}
+        deadline = time.monotonic() + timeout_s
+        nonce = 0
+        while waiting:
+            if time.monotonic() > deadline:
+                who = ", ".join(f"executor dp={d} tp={t}" for d, t in sorted(waiting))
+                raise TimeoutError(f"{who} did not answer the scheduler's ping within {timeout_s:g} s")
+            nonce += 1
+            for replica in self.replicas:
+                replica.doorbell.send(Ping(replica.index, nonce))
+            until = time.monotonic() + _PING_EVERY_S
+            while (left := until - time.monotonic()) > 0:
+                try:
+                    msg = self.results.recv(left)
+                except CodecError as exc:
+                    self.log.warning("ignored a bad message: %s", exc)
+                    continue
+                if isinstance(msg, Pong):
+                    waiting.discard((msg.replica, msg.rank))
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def loop(self) -> None:
+        while not self._stopping:
+            self.wait()
+            self.receive()
+            self.collect()
+            self.launch()
+            self.emit()
+            self.watch()
+
+    def wait(self) -> None:
+        busy = any(r.alive and r.in_flight is None and r.scheduler.has_unfinished() for r in self.replicas)
+        wait_readable([self.inputs, self.results], 0.0 if busy else _IDLE_WAIT_S)
+
+    def receive(self) -> None:
+        while (msg := self._recv(self.inputs)) is not None:
+            if isinstance(msg, TokenizedRequest):
+                self.add_request(msg)
+            elif isinstance(msg, AbortRequest):
+                self.abort(msg.request_id)
+            elif isinstance(msg, ReplicaDown):
+                self.take_down(msg.replica, msg.reason)
+            elif isinstance(msg, Shutdown):
+                self.log.info("shutting down: %s", msg.reason)
+                self._stopping = True
+                return
+
+    def collect(self) -> None:
+        while (delivery := self._recv(self.results, with_frames=True)) is not None:
+            done = delivery.message
+            if isinstance(done, StepDone):
+                self.finish_step(done, delivery.frames)
+
+    def launch(self) -> None:
+        for replica in self.replicas:
+            if not replica.alive or replica.in_flight is not None:
+                continue
+            plan = replica.scheduler.schedule()
+            if plan is None:
+                self._pending.extend(replica.scheduler.drain_outputs())
+                continue
+            try:
+                self.broadcast(replica, plan)
+            except (RingError, ValueError) as exc:
+                replica.in_flight = InFlight(plan, time.monotonic())
+                self.take_down(replica.index, f"replica {replica.index}: cannot hand step {plan.step_id} "
+                                              f"to {replica.executors()}: {exc}")
+
+    def broadcast(self, replica: Replica, plan: StepPlan) -> None:
+        """Put the plan where every TP rank reads it and ring their doorbell once."""
+        nbytes = packed_plan_nbytes(plan.num_reqs, plan.num_tokens, plan.block_table.shape[1],
+                                    len(plan.history_ids))
+        if nbytes <= replica.ring.slot_bytes:
+            slot = replica.ring.write(plan, _RING_WRITE_TIMEOUT_S)
+            replica.doorbell.send(StepReady(plan.step_id, slot))
+        else:  # a rare oversized plan (long penalty histories) travels as a frame instead
+            frame = bytearray(nbytes)
+            pack_plan(plan, frame)
+            replica.doorbell.send(StepReady(plan.step_id, -1), frames=[frame])
+        replica.in_flight = InFlight(plan, time.monotonic())
+
+    def emit(self) -> None:
+        for rejected in self._rejected:
+            self.outputs.send(rejected)
+        self._rejected.clear()
+        if self._pending:
+            for out in self._pending:
+                if out.finished:
+                    self.router.release(out.request_id)
+            self.outputs.send(StepOutputs(self._pending))
+            self._pending = []
+
+    def watch(self) -> None:
+        now = time.monotonic()
+        for replica in self.replicas:
+            flight = replica.in_flight
+            if replica.alive and flight is not None and now - flight.sent_s > self.step_timeout_s:
+                step_id = flight.plan.step_id
+                consumed = replica.ring.consumed_steps()
+                behind = [rank for rank, s in enumerate(consumed) if s < step_id] or [0]
+                self.take_down(replica.index, (
+                    f"{replica.executors(behind)} did not finish step {step_id} within "
+                    f"{self.step_timeout_s:g} s"))
+        if now - self._last_status_s >= _STATUS_EVERY_S:
+            self._last_status_s = now
+            serving = any(r.alive for r in self.replicas)
+            self.outputs.send(SchedulerStatus(serving, [r.info() for r in self.replicas]))
+            if not parent_alive(self._ppid):
+                self.log.warning("the launcher is gone; exiting")
+                self._stopping = True
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def add_request(self, msg: TokenizedRequest) -> None:
+        request = Request(msg.request_id, msg.prompt_token_ids, msg.params, arrival_s=msg.arrival_s)
+        if not self._place(request, new=True):
+            self._rejected.append(Rejected(msg.request_id, self._no_replica_message(), status=503))
+
+    def _place(self, request: Request, new: bool) -> bool:
+        """Route a request to a live replica; False when none is alive. Rejections are reported."""
+        live = [r.index for r in self.replicas if r.alive]
+        prompt = request.all_token_ids
+        replica_index = self.router.pick(live, len(prompt), request.sampling_params.max_tokens,
+                                         lambda i: self.replicas[i].scheduler.cached_prefix_len(prompt))
+        if replica_index is None:
+            return False
+        scheduler = self.replicas[replica_index].scheduler
+        try:
+            if new:
+                scheduler.add_request(request)
+            else:
+                scheduler.adopt(request)
+        except (RequestRejectedError, SchedulerError) as exc:
+            self._rejected.append(Rejected(request.request_id, str(exc)))
+            return True
+        self.router.assign(request.request_id, replica_index,
+                           request.prompt_len + request.sampling_params.max_tokens)
+        return True
+
+    def abort(self, request_id: str) -> None:
+        replica_index = self.router.replica_of(request_id)
+        if replica_index is None:
+            return  # finished already, or never admitted: nothing holds it
+        replica = self.replicas[replica_index]
+        if replica.scheduler.abort_request(request_id) and replica.in_flight is None:
+            self._pending.extend(replica.scheduler.drain_outputs())
+
+    def finish_step(self, done: StepDone, frames: tuple[memoryview, ...]) -> None:
+        replica = self.replicas[done.replica] if 0 <= done.replica < len(self.replicas) else None
+        flight = replica.in_flight if replica is not None else None
+        if replica is None or flight is None or flight.plan.step_id != done.step_id:
+            self.log.info("ignored a result for step %d of replica %d, which is not in flight",
+                          done.step_id, done.replica)
+            return
+        plan = flight.plan
+        try:
+            result = result_from_frames(done, frames, plan.num_reqs)
+        except ValueError as exc:
+            self.take_down(replica.index, f"replica {replica.index}: bad result: {exc}")
+            return
+        replica.in_flight = None
+        self._pending.extend(replica.scheduler.update(plan, result))
+
+    # --- faults ---------------------------------------------------------------------------------
+
+    def take_down(self, index: int, reason: str) -> None:
+        """Mark a replica dead and move its requests to live replicas (or fail them)."""
+        replica = self.replicas[index]
+        if not replica.alive:
+            return
+        self.log.error("replica %d is down: %s", index, reason)
+        replica.alive = False
+        replica.down_reason = reason
+        replica.in_flight = None
+        self._pending.extend(replica.scheduler.drain_outputs())
+        orphans = replica.scheduler.evacuate()
+        for request in orphans:
+            self.router.release(request.request_id)
+            if not self._place(request, new=False):
+                self._pending.append(RequestOutput(request.request_id, [], True, "abort",
+                                                   error=self._no_replica_message()))
+        live = sum(r.alive for r in self.replicas)
+        self.log.info("%d request(s) of replica %d %s", len(orphans), index,
+                      "moved to the live replicas" if live else "failed: no replica left")
+
+    def _no_replica_message(self) -> str:
+        reasons = "; ".join(f"replica {r.index}: {r.down_reason}" for r in self.replicas)
+        return f"no replica is serving ({reasons})"
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _recv(self, channel: PullChannel, with_frames: bool = False):
+        while True:
+            try:
+                return channel.recv_with_frames(0) if with_frames else channel.recv(0)
+            except CodecError as exc:  # a bad frame is consumed: log it and take the next one
+                self.log.warning("ignored a bad message: %s", exc)
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            with contextlib.suppress(Exception):  # closing anyway
+                replica.doorbell.send(Stop())
+            replica.close()
+        self.inputs.close()
+        self.results.close()
+        self.outputs.close()

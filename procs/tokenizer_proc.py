@@ -1,0 +1,311 @@
+"""The tokenizer process: the only place that knows text.
+
+    receive (clients: requests, aborts, info queries) -> tokenize -> forward to the scheduler
+    receive (scheduler: outputs, rejections, status)  -> detokenize, stop strings -> stream to clients
+
+Clients (the api process, `api.client`) connect DEALER sockets to this process's ROUTER; a
+request id is the client's own, kept apart per client. A prompt that cannot fit max_model_len is
+refused here with the numbers. A stop string found in the streamed text ends the request with
+finish_reason "stop" and tells the scheduler to abort it, so its pages are freed at once. A client
+that has gone away (its socket is no longer connected) has its requests aborted the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+from core.request import RequestOutput
+from core.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer, load_tokenizer
+from ipc.channels import ChannelError, ChannelTimeout, PullChannel, PushChannel, RouterChannel, wait_readable
+from ipc.codec import CodecError, decode
+from procs.child import Stopping, become, parent_alive, report_ready
+from procs.messages import (
+    AbortRequest,
+    GenerateOutput,
+    GenerateRequest,
+    Ready,
+    Rejected,
+    RequestFailed,
+    SchedulerStatus,
+    ServerInfo,
+    ServerInfoQuery,
+    StepOutputs,
+    TokenizedRequest,
+    TokenizerSpec,
+    TopLogprob,
+)
+
+_IDLE_WAIT_S = 0.5
+_CLIENT_SEND_TIMEOUT_S = 1.0
+# The scheduler reports every 0.2 s; this much silence means its loop is not turning.
+STATUS_STALE_S = 5.0
+
+
+def run_tokenizer(spec_bytes: bytes, ready_conn: Connection) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    spec: TokenizerSpec = decode(spec_bytes)
+    log = become("cadence:tokenizer")
+    process = None
+    try:
+        tokenizer = load_tokenizer(spec.tokenizer_path)
+        process = TokenizerProcess(spec, tokenizer, log)
+    except Stopping:
+        sys.exit(0)
+    except BaseException as exc:  # noqa: BLE001 - reported through READY
+        log.exception("startup failed")
+        report_ready(ready_conn, Ready("tokenizer", os.getpid(), error=f"{type(exc).__name__}: {exc}"))
+        sys.exit(1)
+    report_ready(ready_conn, Ready("tokenizer", os.getpid()))
+    try:
+        process.loop()
+    except Stopping:
+        pass
+    finally:
+        process.close()
+
+
+@dataclass
+class Stream:
+    """One client request between its arrival and its last output."""
+
+    identity: bytes
+    request: GenerateRequest
+    num_prompt_tokens: int
+    detokenizer: IncrementalDetokenizer | None
+    stop: StopStringMatcher | None
+    prompt_token_ids: list[int] | None  # sent with the first output, then dropped
+    num_output_tokens: int = 0
+    # Accumulated for a request that does not stream.
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[TopLogprob]] = field(default_factory=list)
+
+
+class TokenizerProcess:
+    def __init__(self, spec: TokenizerSpec, tokenizer: Tokenizer, log: logging.Logger) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.log = log
+        self.max_model_len = spec.config.max_model_len
+        self.vocab_size = spec.config.model.vocab_size
+        self.frontend = RouterChannel.bind(spec.frontend, name="tokenizer frontend",
+                                           send_timeout_s=_CLIENT_SEND_TIMEOUT_S)
+        self.to_scheduler = PushChannel.connect(spec.to_scheduler, name="requests to the scheduler")
+        self.from_scheduler = PullChannel.bind(spec.from_scheduler, name="scheduler outputs",
+                                               types=(StepOutputs, Rejected, SchedulerStatus))
+        self.streams: dict[str, Stream] = {}  # by internal id
+        self.status: SchedulerStatus | None = None
+        self.status_s = time.monotonic()
+        self._ppid = os.getppid()
+
+    def loop(self) -> None:
+        while True:
+            ready = wait_readable([self.frontend, self.from_scheduler], _IDLE_WAIT_S)
+            if not ready and not parent_alive(self._ppid):
+                self.log.warning("the launcher is gone; exiting")
+                return
+            self.receive_from_clients()
+            self.receive_from_scheduler()
+
+    # --- clients -> scheduler -------------------------------------------------------------------
+
+    def receive_from_clients(self) -> None:
+        while True:
+            try:
+                routed = self.frontend.recv(0)
+            except CodecError as exc:
+                self.log.warning("ignored a bad client message: %s", exc)
+                continue
+            if routed is None:
+                return
+            msg = routed.message
+            if isinstance(msg, GenerateRequest):
+                try:
+                    self.submit(routed.identity, msg)
+                except Exception as exc:  # a bug must cost one request, not the server
+                    self.log.exception("request %r failed", msg.request_id)
+                    self.streams.pop(_internal_id(routed.identity, msg.request_id), None)
+                    self._fail(routed.identity, msg.request_id, f"internal error: {exc}", None, 500)
+            elif isinstance(msg, AbortRequest):
+                self.abort(_internal_id(routed.identity, msg.request_id))
+            elif isinstance(msg, ServerInfoQuery):
+                self._send(routed.identity, self.server_info())
+            else:
+                self.log.warning("ignored a %s from a client", type(msg).__name__)
+
+    def submit(self, identity: bytes, request: GenerateRequest) -> None:
+        internal_id = _internal_id(identity, request.request_id)
+        if internal_id in self.streams:
+            self._fail(identity, request.request_id, f"request id {request.request_id!r} is already in use",
+                       "request_id")
+            return
+        try:
+            prompt_ids = self.tokenize(request)
+        except PromptError as exc:
+            self._fail(identity, request.request_id, str(exc), exc.field)
+            return
+        params = request.params
+        detokenizer = (IncrementalDetokenizer(self.tokenizer, request.skip_special_tokens)
+                       if request.detokenize else None)
+        stop = StopStringMatcher(params.stop) if params.stop and request.detokenize else None
+        self.streams[internal_id] = Stream(identity, request, len(prompt_ids), detokenizer, stop, prompt_ids)
+        self.to_scheduler.send(TokenizedRequest(internal_id, prompt_ids, params, time.monotonic()))
+
+    def tokenize(self, request: GenerateRequest) -> list[int]:
+        """The prompt's token ids, or PromptError naming the field and the numbers."""
+        if request.prompt_token_ids is not None:
+            ids, where = list(request.prompt_token_ids), "prompt"
+        elif request.prompt is not None:
+            ids, where = self.tokenizer.encode(request.prompt), "prompt"
+        else:
+            turns = [{"role": t.role, "content": t.content} for t in request.messages or ()]
+            try:
+                text = self.tokenizer.apply_chat_template(turns, request.add_generation_prompt,
+                                                          request.enable_thinking)
+            except ValueError as exc:
+                raise PromptError("messages", str(exc)) from exc
+            ids, where = self.tokenizer.encode(text), "messages"
+        if not ids:
+            raise PromptError(where, "the prompt is empty")
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise PromptError(where, f"token id {bad} is outside the model's vocabulary of {self.vocab_size}")
+        asked = request.params.max_tokens
+        if len(ids) + asked > self.max_model_len:
+            raise PromptError(where if len(ids) >= self.max_model_len else "max_tokens", (
+                f"This model's maximum context length is {self.max_model_len} tokens; the request has "
+                f"{len(ids)} prompt tokens and asks for {asked} more"))
+        return ids
+
+    def abort(self, internal_id: str) -> None:
+        if internal_id in self.streams:
+            self.to_scheduler.send(AbortRequest(internal_id))
+
+    # --- scheduler -> clients -------------------------------------------------------------------
+
+    def receive_from_scheduler(self) -> None:
+        while True:
+            try:
+                msg = self.from_scheduler.recv(0)
+            except CodecError as exc:
+                self.log.warning("ignored a bad scheduler message: %s", exc)
+                continue
+            if msg is None:
+                return
+            if isinstance(msg, StepOutputs):
+                for out in msg.outputs:
+                    try:
+                        self.emit(out)
+                    except Exception as exc:  # a bug must cost one request, not the server
+                        self.log.exception("output of %s failed", out.request_id)
+                        self._end_broken(out.request_id, exc)
+            elif isinstance(msg, Rejected):
+                stream = self.streams.pop(msg.request_id, None)
+                if stream is not None:
+                    self._fail(stream.identity, stream.request.request_id, msg.message, None, msg.status)
+            else:
+                self.status, self.status_s = msg, time.monotonic()
+
+    def emit(self, out: RequestOutput) -> None:
+        stream = self.streams.get(out.request_id)
+        if stream is None:
+            return  # ended here already (a stop string), the scheduler's abort echo follows
+        request = stream.request
+        stream.num_output_tokens += len(out.new_token_ids)
+        text = ""
+        if stream.detokenizer is not None:
+            text = stream.detokenizer.push(out.new_token_ids)
+            if out.finished:
+                text += stream.detokenizer.finish()
+        finished, finish_reason, stop_reason = out.finished, out.finish_reason, out.stop_reason
+        if stream.stop is not None:
+            check = stream.stop.push(text)
+            text = check.text
+            if check.stopped:
+                if not finished:
+                    self.to_scheduler.send(AbortRequest(out.request_id))
+                finished, finish_reason, stop_reason = True, "stop", stream.stop.matched
+            elif finished:
+                text += stream.stop.flush()
+        tokens = top = None
+        if out.logprobs is not None:
+            tokens = [self.tokenizer.decode([i]) for i in out.new_token_ids]
+            top = [[TopLogprob(i, self.tokenizer.decode([i]), lp) for i, lp in pairs]
+                   for pairs in (out.top_logprobs or [[] for _ in out.new_token_ids])]
+        if finished:
+            del self.streams[out.request_id]
+        if not request.stream:
+            stream.text.append(text)
+            stream.token_ids += out.new_token_ids
+            if tokens is not None:
+                stream.tokens += tokens
+                stream.logprobs += out.logprobs
+                stream.top_logprobs += top
+            if not finished:
+                return
+            text, new_ids = "".join(stream.text), stream.token_ids
+            if stream.tokens:
+                tokens, logprobs, top = stream.tokens, stream.logprobs, stream.top_logprobs
+            else:
+                logprobs = None
+        else:
+            new_ids, logprobs = out.new_token_ids, out.logprobs
+        prompt_ids, stream.prompt_token_ids = stream.prompt_token_ids, None
+        self._send(stream.identity, GenerateOutput(
+            request.request_id, text, list(new_ids), stream.num_prompt_tokens, stream.num_output_tokens,
+            out.num_cached_tokens, finished, finish_reason, stop_reason, out.error, tokens,
+            None if logprobs is None else list(logprobs), top, prompt_ids,
+        ), abort_on_failure=None if finished else out.request_id)
+
+    def _end_broken(self, request_id: str, exc: Exception) -> None:
+        stream = self.streams.pop(request_id, None)
+        if stream is None:
+            return
+        self.to_scheduler.send(AbortRequest(request_id))
+        self._send(stream.identity, GenerateOutput(
+            stream.request.request_id, "", [], stream.num_prompt_tokens, stream.num_output_tokens,
+            finished=True, finish_reason="abort", error=f"internal error: {type(exc).__name__}: {exc}"))
+
+    def server_info(self) -> ServerInfo:
+        age = time.monotonic() - self.status_s
+        status = self.status
+        serving = status is not None and status.serving and age < STATUS_STALE_S
+        return ServerInfo(self.spec.served_model_name, self.max_model_len, serving,
+                          [] if status is None else status.replicas, age)
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _send(self, identity: bytes, msg: object, abort_on_failure: str | None = None) -> None:
+        try:
+            self.frontend.send(identity, msg)
+        except (ChannelError, ChannelTimeout) as exc:
+            self.log.info("client %s is gone: %s", identity.hex(), exc)
+            if abort_on_failure is not None:
+                self.streams.pop(abort_on_failure, None)
+                self.to_scheduler.send(AbortRequest(abort_on_failure))
+
+    def _fail(self, identity: bytes, request_id: str, message: str, field_name: str | None,
+              status: int = 400) -> None:
+        self._send(identity, RequestFailed(request_id, message, field_name, status))
+
+    def close(self) -> None:
+        self.frontend.close()
+        self.to_scheduler.close()
+        self.from_scheduler.close()
+
+
+class PromptError(ValueError):
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+
+
+def _internal_id(identity: bytes, request_id: str) -> str:
+    return f"{identity.hex()}/{request_id}"
