@@ -1,11 +1,12 @@
 """The DP router: which replica takes a new request.
 
-A replica's cost for a request is the work it already has (tokens routed to it and not yet
-finished: prompt plus max_tokens of each) plus the prompt tokens it would have to compute, i.e.
-the prompt minus the prefix its radix tree already holds. The cheapest live replica wins; ties
+A request's work on a replica is the tokens that replica would compute for it: the prompt minus
+the prefix its radix tree already holds, plus max_tokens. A replica's load is the work of the
+requests routed to it and not yet finished. The replica with the least load + work wins; ties
 rotate, so a burst of identical requests spreads evenly instead of piling onto replica 0
-(sglang#1417). Counting tokens rather than requests keeps one long prompt from looking as cheap
-as one short one.
+(sglang#1417). Counting tokens rather than requests keeps one long prompt from looking as cheap as
+one short one, and counting only uncached tokens sends a group of requests that share a long
+prefix to the replica that holds it, until the load there outweighs what the cache saves.
 """
 
 from __future__ import annotations
@@ -20,20 +21,19 @@ class DPRouter:
         self._next_tie = 0
 
     def pick(self, live: Sequence[int], prompt_len: int, max_tokens: int,
-             cached_prefix_len: Callable[[int], int]) -> int | None:
-        """The replica for a request, or None when no replica is alive.
+             cached_prefix_len: Callable[[int], int]) -> tuple[int, int] | None:
+        """(replica, work) for a request, or None when no replica is alive.
 
         `cached_prefix_len(replica)` is how many prompt tokens that replica's prefix cache holds.
         """
         if not live:
             return None
-        costs = [(self.load_tokens[r] + prompt_len - cached_prefix_len(r), r) for r in live]
-        best = min(cost for cost, _ in costs)
-        tied = [r for cost, r in costs if cost == best]
+        work = {r: prompt_len - cached_prefix_len(r) + max_tokens for r in live}
+        best = min(self.load_tokens[r] + work[r] for r in live)
+        tied = [r for r in live if self.load_tokens[r] + work[r] == best]
         choice = tied[self._next_tie % len(tied)]
         self._next_tie += 1
-        del max_tokens  # part of the load once assigned, the same for every candidate
-        return choice
+        return choice, work[choice]
 
     def assign(self, request_id: str, replica: int, cost: int) -> None:
         self.release(request_id)

@@ -273,10 +273,13 @@ class SchedulerProcess:
         """Route a request to a live replica; False when none is alive. Rejections are reported."""
         live = [r.index for r in self.replicas if r.alive]
         prompt = request.all_token_ids
-        replica_index = self.router.pick(live, len(prompt), request.sampling_params.max_tokens,
-                                         lambda i: self.replicas[i].scheduler.cached_prefix_len(prompt))
-        if replica_index is None:
+        # An adopted request has generated some of its tokens already: only the rest is work.
+        remaining = request.sampling_params.max_tokens - request.num_output_tokens
+        picked = self.router.pick(live, len(prompt), remaining,
+                                  lambda i: self.replicas[i].scheduler.cached_prefix_len(prompt))
+        if picked is None:
             return False
+        replica_index, work = picked
         scheduler = self.replicas[replica_index].scheduler
         try:
             if new:
@@ -286,8 +289,7 @@ class SchedulerProcess:
         except (RequestRejectedError, SchedulerError) as exc:
             self._rejected.append(Rejected(request.request_id, str(exc)))
             return True
-        self.router.assign(request.request_id, replica_index,
-                           request.prompt_len + request.sampling_params.max_tokens)
+        self.router.assign(request.request_id, replica_index, work)
         return True
 
     def abort(self, request_id: str) -> None:
