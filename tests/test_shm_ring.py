@@ -265,3 +265,46 @@ def test_register_with_cuda_is_a_noop_without_cuda(run_id):
     with StepRing.create(ring_name(run_id, 0), num_slots=1, slot_bytes=64, num_readers=1) as writer:
         assert writer.register_with_cuda() is False
         writer.unlink()
+
+
+def _paced_reader(name: str, rank: int, num_steps: int, pause_every: int, queue) -> None:
+    """Read every step in order, pausing now and then, and report a checksum of what it read."""
+    ring = StepRing.attach(name, rank=rank)
+    checksum = 0
+    try:
+        for step_id in range(num_steps):
+            plan = ring.read(step_id, step_id % ring.num_slots, timeout_s=10.0)
+            assert plan.step_id == step_id and plan.input_ids[0] == 100 + step_id
+            checksum += int(plan.input_ids.sum())
+            ring.consumed(step_id)
+            if step_id % pause_every == 0:
+                time.sleep(0.001)
+        queue.put((rank, checksum))
+    finally:
+        ring.close()
+
+
+def test_thousands_of_steps_reach_readers_of_different_speeds_intact(run_id):
+    name = ring_name(run_id, 0)
+    num_steps = 3000
+    writer = StepRing.create(name, num_slots=4, slot_bytes=SLOT_BYTES, num_readers=2)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    readers = [ctx.Process(target=_paced_reader, args=(name, rank, num_steps, pause, queue))
+               for rank, pause in ((0, 1000), (1, 50))]  # rank 1 naps twenty times as often
+    for p in readers:
+        p.start()
+    expected = 0
+    for step_id in range(num_steps):
+        plan = plan_for(step_id)
+        expected += int(plan.input_ids.sum())
+        writer.write(plan, timeout_s=10.0)  # blocks on the slower reader, never overwrites it
+    results = dict(queue.get(timeout=60) for _ in readers)
+    for p in readers:
+        p.join(10)
+        assert p.exitcode == 0
+    assert results == {0: expected, 1: expected}
+    assert writer.consumed_steps() == [num_steps - 1, num_steps - 1]
+    writer.close()
+    writer.unlink()
+    assert shm_entries(run_prefix(run_id)) == []
