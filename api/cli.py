@@ -1,0 +1,108 @@
+"""`cadence serve` (also `python -m api serve`): start the engine's processes, serve the OpenAI API.
+
+The engine's flags come from procs/args.py (`add_engine_args`, `config_from_args`); this module adds
+the API's own: --host (default 127.0.0.1: not reachable from other machines unless asked),
+--port (8000), --api-key (or the CADENCE_API_KEY environment variable), --served-model-name (the
+name clients send as `model`; default the model's name), and a few limits. `_start_engine` is the
+one place that touches the launcher. The console script entry point is `api.cli:main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from api.protocol import ServedModel
+from api.server import DEFAULT_MAX_BODY_BYTES, ApiConfig, build_app
+
+API_KEY_ENV = "CADENCE_API_KEY"
+log = logging.getLogger("cadence.api")
+
+
+def add_api_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("API server")
+    group.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1; 0.0.0.0 for every interface)")
+    group.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    group.add_argument("--api-key", default=None,
+                       help=f"require 'Authorization: Bearer <key>' on /v1/ routes (default: ${API_KEY_ENV}, "
+                            "else no key)")
+    group.add_argument("--served-model-name", default=None,
+                       help="the model name clients send and see (default: the model's name)")
+    group.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                       help=f"largest request body accepted (default: {DEFAULT_MAX_BODY_BYTES})")
+    group.add_argument("--request-timeout", type=float, default=600.0,
+                       help="seconds a request may go without output before it fails with 504 (default: 600)")
+    group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    group.add_argument("--access-log", action="store_true", help="log every HTTP request (default: off)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from procs.args import add_engine_args
+
+    parser = argparse.ArgumentParser(prog="cadence", description="Cadence: a serving engine for Qwen3.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve", help="serve a model behind an OpenAI-compatible API",
+        description="Start the engine's processes and serve the OpenAI API over them.")
+    add_engine_args(serve)
+    add_api_args(serve)
+    return parser
+
+
+def api_config(args: argparse.Namespace, model: ServedModel, tokenizer_address: str) -> ApiConfig:
+    return ApiConfig(
+        model=model,
+        tokenizer_address=tokenizer_address,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_body_bytes=args.max_request_bytes,
+        timeout_s=args.request_timeout,
+    )
+
+
+@contextlib.contextmanager
+def _start_engine(args: argparse.Namespace) -> Iterator[tuple[ServedModel, str]]:
+    """Start the engine's processes; yields the served model and the tokenizer's address."""
+    from procs.args import config_from_args, launch_options_from_args
+    from procs.launcher import Launcher
+
+    engine_config = config_from_args(args)
+    name = args.served_model_name or engine_config.model.name
+    model = ServedModel(name, engine_config.max_model_len, engine_config.model.generation)
+    with Launcher(engine_config, launch_options_from_args(args)) as launcher:
+        yield model, launcher.endpoints.tokenizer_frontend
+
+
+def _run_http(app: Any, args: argparse.Namespace) -> None:
+    import uvicorn
+
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s [cadence] %(message)s")
+    with _start_engine(args) as (model, tokenizer_address):
+        config = api_config(args, model, tokenizer_address)
+        log.info("serving %s on http://%s:%d (tokenizer at %s)%s", model.name, args.host, args.port,
+                 tokenizer_address, ", API key required" if config.api_key else "")
+        _run_http(build_app(config), args)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return serve(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a startup failure: say what, not a traceback
+        if args.log_level == "debug":
+            raise
+        print(f"cadence {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1

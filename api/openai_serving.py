@@ -1,0 +1,312 @@
+"""One OpenAI API call, from its GenerateRequests to the response: whole, or as SSE events.
+
+api/server.py parses a body (api/protocol.py), then makes a `CompletionCall` or `ChatCall` and
+either `await call.collect()` (stream false: the response object) or iterates `call.events()`
+(stream true: SSE bytes, ending with [DONE]). Both first `await call.start()`, which sends the
+requests and waits for the first output, so that a refused request (a prompt over the context
+length) still gets a plain 4xx instead of a stream that starts and then fails. `close()` aborts
+whatever is unfinished; the server calls it when the HTTP client goes away.
+
+A call sends every request with stream=True, streamed HTTP response or not: the per-output timings
+feed the latency histograms (api/metrics.py), and an abort finds the request's text so far.
+
+Errors: a refusal ends the call with its status and field; an output that carries `error` (the
+engine ended the request) is a 500; a tokenizer that goes silent for the client's timeout is a
+504 naming the tokenizer's address. Once a stream has started, the error is sent as an
+`{"error": ...}` event, then [DONE].
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from api import responses
+from api.client import AsyncClient, ClientError, ClientTimeout, RequestGroup
+from api.errors import SERVER_ERROR, TIMEOUT, UNAVAILABLE, ApiError, error_object, invalid
+from api.metrics import ApiMetrics, RequestTiming
+from api.protocol import ParsedRequest, context_room, with_max_tokens
+from api.reasoning import ReasoningSplitter
+from procs.messages import GenerateOutput, GenerateRequest, RequestFailed
+
+
+class Choice:
+    """One choice of a call: its request and what it has produced so far."""
+
+    def __init__(self, index: int, request: GenerateRequest, timing: RequestTiming, split_reasoning: bool):
+        self.index = index
+        self.request = request
+        self.timing = timing
+        self.splitter = ReasoningSplitter() if split_reasoning else None
+        self.text: list[str] = []  # completions
+        self.content: list[str] = []  # chat
+        self.reasoning: list[str] = []  # chat
+        self.logprobs: list[dict[str, Any]] = []  # per output, in the endpoint's shape
+        self.text_offset = 0
+        self.num_prompt_tokens = 0
+        self.num_output_tokens = 0
+        self.num_cached_tokens = 0
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+        self.retried = False  # resent once with the exact context room
+
+    def update(self, output: GenerateOutput, now_s: float) -> None:
+        self.num_prompt_tokens = output.num_prompt_tokens
+        self.num_output_tokens = output.num_output_tokens
+        self.num_cached_tokens = output.num_cached_tokens
+        self.timing.on_tokens(len(output.token_ids), now_s)
+        if output.finished:
+            self.finished = True
+            self.finish_reason = output.finish_reason
+            self.stop_reason = output.stop_reason
+            self.error = output.error
+            self.timing.on_finish(output.finish_reason, now_s)
+
+
+class _Call:
+    """What both endpoints share; subclasses render choices, chunks and the response."""
+
+    endpoint = ""
+
+    def __init__(self, parsed: ParsedRequest, client: AsyncClient, metrics: ApiMetrics, call_id: str,
+                 start_s: float) -> None:
+        self.parsed = parsed
+        self.call_id = call_id
+        self.created = int(time.time())
+        self._client = client
+        self._group: RequestGroup | None = None
+        self._peeked: deque[GenerateOutput] = deque()
+        is_chat = parsed.endpoint == "chat"
+        self._choices = {r.request_id: Choice(i, r, RequestTiming(metrics, start_s), is_chat)
+                         for i, r in enumerate(parsed.requests)}
+
+    @property
+    def choices(self) -> list[Choice]:
+        return sorted(self._choices.values(), key=lambda c: c.index)
+
+    async def start(self) -> None:
+        """Send the requests and wait for the first output (refusals raise ApiError here)."""
+        try:
+            self._group = await self._client.open(self.parsed.requests)
+        except ClientError as e:
+            raise ApiError(503, str(e), None, UNAVAILABLE) from None
+        self._peeked.append(await self._next())
+
+    def close(self) -> None:
+        """Abort whatever is unfinished (the HTTP client went away, or the call failed)."""
+        if self._group is not None:
+            self._group.close()
+        now = time.monotonic()
+        for choice in self._choices.values():
+            if not choice.finished:
+                choice.finished = True
+                choice.timing.on_finish("abort", now)
+
+    async def collect(self) -> dict[str, Any]:
+        """Every output until all choices finish -> the response object."""
+        while self._pending:
+            output = await self._next()
+            choice = self._choices[output.request_id]
+            choice.update(output, time.monotonic())
+            self._accumulate(choice, output)
+            if output.error is not None:
+                raise ApiError(500, f"the engine ended request {output.request_id}: {output.error}", None,
+                               SERVER_ERROR)
+        return self._response()
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The SSE stream: opening chunks, a chunk per output, the usage chunk, [DONE]."""
+        try:
+            for chunk in self._opening_chunks():
+                yield responses.sse(chunk)
+            failed = False
+            while self._pending and not failed:
+                try:
+                    output = await self._next()
+                except ApiError as e:
+                    yield responses.sse(e.to_dict())
+                    failed = True
+                    break
+                choice = self._choices[output.request_id]
+                choice.update(output, time.monotonic())
+                for chunk in self._chunks(choice, output):
+                    yield responses.sse(chunk)
+                if output.error is not None:
+                    message = f"the engine ended request {output.request_id}: {output.error}"
+                    yield responses.sse(error_object(message, SERVER_ERROR))
+                    failed = True
+            if not failed and self.parsed.include_usage:
+                yield responses.sse(self._chunk([], usage=self._usage()))
+            yield responses.SSE_DONE
+        finally:
+            self.close()
+
+    @property
+    def _pending(self) -> bool:
+        return bool(self._peeked) or (self._group is not None and self._group.pending)
+
+    async def _next(self) -> GenerateOutput:
+        """The next output of any choice; refusals are retried (see protocol) or raised."""
+        assert self._group is not None
+        while True:
+            if self._peeked:
+                return self._peeked.popleft()
+            try:
+                message = await self._group.next()
+            except ClientTimeout as e:
+                raise ApiError(504, str(e), None, TIMEOUT) from None
+            except ClientError as e:
+                raise ApiError(503, str(e), None, UNAVAILABLE) from None
+            if isinstance(message, GenerateOutput):
+                return message
+            choice = self._choices[message.request_id]
+            choice.finished = True  # refused: it never ran, so no finish is counted for it
+            retry = self._retry(message)
+            if retry is None:
+                raise ApiError(message.status, message.message, message.field)
+            choice.finished = False
+            await self._group.resubmit(retry)
+
+    def _retry(self, refusal: RequestFailed) -> GenerateRequest | None:
+        """A request whose defaulted max_tokens did not fit, with the exact room the refusal names."""
+        choice = self._choices[refusal.request_id]
+        room = context_room(refusal.message)
+        if not self.parsed.max_tokens_defaulted or choice.retried or room is None:
+            return None
+        limit, num_prompt = room
+        if limit - num_prompt < 1:
+            field = "prompt" if self.parsed.endpoint == "completions" else "messages"
+            raise invalid(field, f"This model's maximum context length is {limit} tokens; the request has "
+                          f"{num_prompt} prompt tokens, which leaves no room for output")
+        choice.retried = True
+        choice.request = with_max_tokens(choice.request, limit - num_prompt)
+        return choice.request
+
+    def _usage(self) -> dict[str, Any]:
+        choices = self.choices
+        firsts = choices[:: self.parsed.n]  # the prompt is counted once per prompt, not per choice
+        return responses.usage(sum(c.num_prompt_tokens for c in firsts),
+                               sum(c.num_output_tokens for c in choices),
+                               sum(c.num_cached_tokens for c in firsts))
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _opening_chunks(self) -> list[dict[str, Any]]:
+        return []
+
+    def _chunks(self, choice: Choice, output: GenerateOutput) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _accumulate(self, choice: Choice, output: GenerateOutput) -> None:
+        raise NotImplementedError
+
+    def _response(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class CompletionCall(_Call):
+    """POST /v1/completions."""
+
+    def _logprobs(self, choice: Choice, output: GenerateOutput) -> dict[str, Any] | None:
+        if output.logprobs is None:
+            return None
+        part = responses.completion_logprobs(output.tokens or [], output.logprobs,
+                                             output.top_logprobs or [[] for _ in output.logprobs],
+                                             choice.text_offset)
+        choice.text_offset += sum(len(t) for t in output.tokens or [])
+        return part
+
+    def _accumulate(self, choice: Choice, output: GenerateOutput) -> None:
+        choice.text.append(output.text)
+        part = self._logprobs(choice, output)
+        if part is not None:
+            choice.logprobs.append(part)
+
+    def _response(self) -> dict[str, Any]:
+        choices = [
+            responses.completion_choice(
+                c.index, "".join(c.text), c.finish_reason, c.stop_reason,
+                responses.merge_completion_logprobs(c.logprobs) if self.parsed.logprobs is not None else None)
+            for c in self.choices
+        ]
+        return responses.completion(self.call_id, self.created, self.parsed.model, choices, self._usage())
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        return responses.completion_chunk(self.call_id, self.created, self.parsed.model, choices,
+                                          self.parsed.include_usage, usage)
+
+    def _chunks(self, choice: Choice, output: GenerateOutput) -> list[dict[str, Any]]:
+        logprobs = self._logprobs(choice, output)
+        if not (output.text or output.token_ids or output.finished):
+            return []
+        return [self._chunk([responses.completion_choice(choice.index, output.text, output.finish_reason,
+                                                         output.stop_reason, logprobs)])]
+
+
+class ChatCall(_Call):
+    """POST /v1/chat/completions; replies split into reasoning_content and content."""
+
+    def _split(self, choice: Choice, output: GenerateOutput) -> tuple[str, str]:
+        assert choice.splitter is not None
+        reasoning, content = choice.splitter.feed(output.text)
+        if output.finished:
+            tail = choice.splitter.finish()
+            reasoning, content = reasoning + tail.reasoning, content + tail.content
+        return reasoning, content
+
+    def _logprobs(self, output: GenerateOutput) -> dict[str, Any] | None:
+        if output.logprobs is None:
+            return None
+        return responses.chat_logprobs(output.tokens or [], output.logprobs,
+                                       output.top_logprobs or [[] for _ in output.logprobs])
+
+    def _accumulate(self, choice: Choice, output: GenerateOutput) -> None:
+        reasoning, content = self._split(choice, output)
+        choice.reasoning.append(reasoning)
+        choice.content.append(content)
+        part = self._logprobs(output)
+        if part is not None:
+            choice.logprobs.append(part)
+
+    def _response(self) -> dict[str, Any]:
+        choices = []
+        for c in self.choices:
+            logprobs = None
+            if self.parsed.logprobs is not None:
+                logprobs = {"content": [entry for part in c.logprobs for entry in part["content"]]}
+            message = responses.chat_message("".join(c.content), "".join(c.reasoning) or None)
+            choices.append(responses.chat_choice(c.index, message, c.finish_reason, c.stop_reason, logprobs))
+        return responses.chat_completion(self.call_id, self.created, self.parsed.model, choices,
+                                         self._usage())
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        return responses.chat_chunk(self.call_id, self.created, self.parsed.model, choices,
+                                    self.parsed.include_usage, usage)
+
+    def _opening_chunks(self) -> list[dict[str, Any]]:
+        return [self._chunk([responses.chat_delta_choice(c.index, {"role": "assistant", "content": ""})])
+                for c in self.choices]
+
+    def _chunks(self, choice: Choice, output: GenerateOutput) -> list[dict[str, Any]]:
+        reasoning, content = self._split(choice, output)
+        delta: dict[str, Any] = {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if content:
+            delta["content"] = content
+        logprobs = self._logprobs(output)
+        if not (delta or logprobs or output.finished):
+            return []
+        return [self._chunk([responses.chat_delta_choice(choice.index, delta, output.finish_reason,
+                                                         output.stop_reason, logprobs)])]
+
+
+def make_call(parsed: ParsedRequest, client: AsyncClient, metrics: ApiMetrics, call_id: str,
+              start_s: float) -> _Call:
+    cls = CompletionCall if parsed.endpoint == "completions" else ChatCall
+    return cls(parsed, client, metrics, call_id, start_s)

@@ -1,0 +1,492 @@
+"""OpenAI request bodies -> GenerateRequests: parsing and validation, pure functions, no I/O.
+
+api/server.py reads a body and calls `parse_completion_request` (POST /v1/completions) or
+`parse_chat_request` (POST /v1/chat/completions). Either returns a `ParsedRequest` holding one
+GenerateRequest per choice, or raises `ApiError` naming the offending field (`param`) with the
+status OpenAI clients expect: 400 for a malformed, mistyped or out-of-range field, 404 for a model
+this server does not serve, 413 for a body over the limit. The response half of the wire format
+(completion objects, chunks, usage, logprobs) lives in api/responses.py.
+
+Choices of this server, where OpenAI and vLLM leave room:
+
+* A field given as `null` counts as left out. Fields left out take the checkpoint's generation
+  defaults (temperature, top_p, top_k, min_p, repetition_penalty), as vLLM does.
+* Unknown fields are refused (400, `param` = the field), so a typo never silently changes nothing.
+  A few OpenAI fields this server cannot honour are accepted only at their no-op value (`echo`
+  false, `logit_bias` empty, `tools` empty, `response_format` text, ...).
+* `max_tokens` left out means "up to the context length": max_model_len minus the prompt. The api
+  process does not tokenize, so it uses an upper bound of the prompt's length: exact for token ids,
+  the UTF-8 byte count for text (every Qwen token covers at least one byte), the byte count of the
+  ChatML rendering for chats. When that bound leaves no room, the request goes out with
+  max_tokens = max_model_len, and the server retries it once with the exact room that the
+  tokenizer's context-length refusal names (`context_room`).
+* `n` is at most MAX_CHOICES, and one call makes at most MAX_REQUESTS_PER_CALL requests
+  (prompts x n). With a seed, choice i is sampled with seed + i (wrapped to 64 bits) so the n
+  choices differ and a repeated call repeats them; without one, the scheduler draws a seed per choice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from api.errors import ApiError, invalid
+from core.config import GenerationDefaults
+from core.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
+from core.tokenizer.chat_template import render_chatml
+from procs.messages import ChatTurn, GenerateRequest
+
+MAX_CHOICES = 64
+MAX_REQUESTS_PER_CALL = 1024
+MAX_STOP_STRINGS = 64
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+_COMMON_FIELDS = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "stop",
+    "stop_token_ids", "ignore_eos", "logprobs", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "min_tokens", "user", "stream", "stream_options", "skip_special_tokens",
+    "logit_bias",
+})
+COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+CHAT_FIELDS = _COMMON_FIELDS | {
+    "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
+    "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+}
+_MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning_content", "tool_call_id", "tool_calls"})
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+               float: "a number", type(None): "null"}
+# The tokenizer's refusal of a prompt that does not fit (procs/messages.py RequestFailed).
+_CONTEXT_REFUSAL = re.compile(
+    r"maximum context length is (?P<limit>\d+) tokens; the request has (?P<prompt>\d+) prompt tokens"
+)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the protocol needs to know about the model behind the API."""
+
+    name: str  # the served model name: requests must name it or leave `model` out
+    max_model_len: int  # prompt + output tokens
+    defaults: GenerationDefaults  # what a request that leaves a sampling field out gets
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("ServedModel.name must not be empty")
+        if self.max_model_len < 2:
+            raise ValueError(f"ServedModel.max_model_len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A validated call: choice i of the response is requests[i]."""
+
+    endpoint: str  # "completions" or "chat"
+    model: str
+    requests: tuple[GenerateRequest, ...]  # prompt p's choices are p*n .. p*n+n-1
+    n: int
+    stream: bool
+    include_usage: bool  # stream_options.include_usage: a last chunk with usage
+    logprobs: int | None  # None: no logprobs; k: the sampled token's and the top k
+    max_tokens_defaulted: bool  # max_tokens came from the context length (see the module docstring)
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.requests) // self.n
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """The decoded JSON body, or a 400 saying why it is not JSON."""
+    if not raw.strip():
+        raise invalid(None, "the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise invalid(None, f"the request body is not valid JSON: {e}") from None
+
+
+def parse_completion_request(body: Any, model: ServedModel, request_id: str) -> ParsedRequest:
+    """A /v1/completions body -> one GenerateRequest per (prompt, choice)."""
+    fields = _Fields(body, COMPLETION_FIELDS, "/v1/completions")
+    model_name = _check_model(fields, model)
+    prompts = _parse_prompts(fields)
+    _require_noop(fields, "echo", (False,), "echo is not supported")
+    _require_noop(fields, "suffix", ("",), "suffix is not supported")
+    logprobs = fields.int("logprobs", 0, MAX_LOGPROBS)
+    n = _parse_n(fields, len(prompts))
+    best_of = fields.int("best_of", 1, MAX_CHOICES)
+    if best_of is not None and best_of != n:
+        raise invalid("best_of", f"best_of must equal n ({n}) when given (choices are not ranked), "
+                      f"got {best_of}")
+    max_tokens = fields.int("max_tokens", None, None)
+    stream, include_usage = _parse_stream(fields)
+    skip_special = fields.bool("skip_special_tokens", True)
+    requests = []
+    defaulted = max_tokens is None
+    for p, prompt in enumerate(prompts):
+        bound = len(prompt) if isinstance(prompt, list) else len(prompt.encode())
+        params = _sampling_params(fields, model, max_tokens, "max_tokens", bound, logprobs, "logprobs")
+        for i in range(n):
+            requests.append(GenerateRequest(
+                request_id=f"{request_id}-{p * n + i}",
+                params=_choice_params(params, i),
+                prompt=prompt if isinstance(prompt, str) else None,
+                prompt_token_ids=prompt if isinstance(prompt, list) else None,
+                stream=True,
+                skip_special_tokens=skip_special,
+            ))
+    return ParsedRequest("completions", model_name, tuple(requests), n, stream, include_usage, logprobs,
+                         defaulted)
+
+
+def parse_chat_request(body: Any, model: ServedModel, request_id: str) -> ParsedRequest:
+    """A /v1/chat/completions body -> n GenerateRequests of one chat."""
+    fields = _Fields(body, CHAT_FIELDS, "/v1/chat/completions")
+    model_name = _check_model(fields, model)
+    messages = _parse_messages(fields.get("messages", required=True))
+    enable_thinking = _parse_template_kwargs(fields)
+    add_generation_prompt = fields.bool("add_generation_prompt", True)
+    _require_noop(fields, "tools", ([],), "tools are not supported by this server")
+    _require_noop(fields, "tool_choice", ("none", "auto"), "tool_choice is not supported by this server")
+    fields.bool("parallel_tool_calls", True)
+    _require_noop(fields, "response_format", ({"type": "text"},), "only response_format {'type': 'text'} "
+                  "is supported")
+    want_logprobs = fields.bool("logprobs", False)
+    top_logprobs = fields.int("top_logprobs", 0, MAX_LOGPROBS)
+    if top_logprobs and not want_logprobs:
+        raise invalid("top_logprobs", "top_logprobs needs logprobs set to true")
+    logprobs = (top_logprobs or 0) if want_logprobs else None
+    n = _parse_n(fields, 1)
+    # max_completion_tokens is OpenAI's newer name; it wins when both are given.
+    max_completion_tokens = fields.int("max_completion_tokens", None, None)
+    max_field = "max_tokens" if max_completion_tokens is None else "max_completion_tokens"
+    max_tokens = max_completion_tokens
+    if max_tokens is None:
+        max_tokens = fields.int("max_tokens", None, None)
+    stream, include_usage = _parse_stream(fields)
+    skip_special = fields.bool("skip_special_tokens", True)
+    rendered = render_chatml([{"role": t.role, "content": t.content} for t in messages],
+                             add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+    logprobs_field = "top_logprobs" if top_logprobs else "logprobs"
+    params = _sampling_params(fields, model, max_tokens, max_field, len(rendered.encode()), logprobs,
+                              logprobs_field)
+    requests = tuple(
+        GenerateRequest(
+            request_id=f"{request_id}-{i}",
+            params=_choice_params(params, i),
+            messages=list(messages),
+            enable_thinking=enable_thinking,
+            add_generation_prompt=add_generation_prompt,
+            stream=True,
+            skip_special_tokens=skip_special,
+        )
+        for i in range(n)
+    )
+    return ParsedRequest("chat", model_name, requests, n, stream, include_usage, logprobs,
+                         max_tokens is None)
+
+
+def context_room(refusal_message: str) -> tuple[int, int] | None:
+    """(max_model_len, prompt tokens) named by the tokenizer's context-length refusal, or None."""
+    m = _CONTEXT_REFUSAL.search(refusal_message)
+    return None if m is None else (int(m["limit"]), int(m["prompt"]))
+
+
+def with_max_tokens(request: GenerateRequest, max_tokens: int) -> GenerateRequest:
+    return replace(request, params=replace(request.params, max_tokens=max_tokens))
+
+
+# --- fields ---------------------------------------------------------------------------------------
+
+
+def _describe(value: Any) -> str:
+    kind = _JSON_TYPES.get(type(value), type(value).__name__)
+    shown = orjson.dumps(value).decode() if not isinstance(value, dict | list) else ""
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return f"{kind} {shown}".rstrip()
+
+
+class _Fields:
+    """Typed access to a request body's top-level fields; every error names the field."""
+
+    def __init__(self, body: Any, known: frozenset[str], endpoint: str) -> None:
+        if not isinstance(body, dict):
+            raise invalid(None, f"the request body must be a JSON object, got {_describe(body)}")
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise invalid(unknown[0], f"unrecognized request argument {unknown[0]!r} for {endpoint}")
+        self._body = body
+
+    def get(self, name: str, *, required: bool = False) -> Any:
+        value = self._body.get(name)
+        if value is None and required:
+            raise invalid(name, f"{name!r} is a required field")
+        return value
+
+    def int(self, name: str, minimum: int | None, maximum: int | None,
+            default: int | None = None) -> int | None:
+        value = self._body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 16.0 is 16 in JSON's eyes
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise invalid(name, f"{name!r} must be an integer, got {_describe(value)}")
+        if minimum is not None and value < minimum or maximum is not None and value > maximum:
+            low = "" if minimum is None else f">= {minimum}"
+            high = "" if maximum is None else f"<= {maximum}"
+            raise invalid(name, f"{name!r} must be {' and '.join(s for s in (low, high) if s)}, got {value}")
+        return value
+
+    def float(self, name: str, default: float) -> float:
+        value = self._body.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise invalid(name, f"{name!r} must be a number, got {_describe(value)}")
+        return float(value)
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self._body.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise invalid(name, f"{name!r} must be a boolean, got {_describe(value)}")
+        return value
+
+    def str(self, name: str) -> str | None:
+        value = self._body.get(name)
+        if value is not None and not isinstance(value, str):
+            raise invalid(name, f"{name!r} must be a string, got {_describe(value)}")
+        return value
+
+
+def _require_noop(fields: _Fields, name: str, allowed: Sequence[Any], why: str) -> None:
+    value = fields.get(name)
+    if value is not None and value not in allowed:
+        raise invalid(name, f"{why}; got {name}={orjson.dumps(value).decode()[:80]}")
+
+
+def _check_model(fields: _Fields, model: ServedModel) -> str:
+    """The served model's name, after the checks every endpoint shares."""
+    name = fields.str("model")
+    if name is not None and name != model.name:
+        raise ApiError(404, f"the model {name!r} does not exist; this server serves {model.name!r}", "model")
+    fields.str("user")  # accepted for OpenAI compatibility; not used
+    _require_noop(fields, "logit_bias", ({},), "logit_bias is not supported")
+    return model.name
+
+
+def _parse_n(fields: _Fields, num_prompts: int) -> int:
+    n = fields.int("n", 1, MAX_CHOICES, default=1)
+    assert n is not None
+    if n * num_prompts > MAX_REQUESTS_PER_CALL:
+        raise invalid("n", f"{num_prompts} prompt(s) x n={n} makes {n * num_prompts} choices; one call may "
+                      f"ask for at most {MAX_REQUESTS_PER_CALL}")
+    return n
+
+
+def _parse_stream(fields: _Fields) -> tuple[bool, bool]:
+    stream = fields.bool("stream", False)
+    options = fields.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise invalid("stream_options", "stream_options is only allowed when stream is true")
+    if not isinstance(options, dict):
+        raise invalid("stream_options", f"'stream_options' must be an object, got {_describe(options)}")
+    unknown = sorted(set(options) - {"include_usage", "continuous_usage_stats"})
+    if unknown:
+        raise invalid(f"stream_options.{unknown[0]}", f"unrecognized stream option {unknown[0]!r}")
+    if options.get("continuous_usage_stats"):
+        raise invalid("stream_options.continuous_usage_stats", "continuous_usage_stats is not supported")
+    include_usage = options.get("include_usage", False)
+    if include_usage is None:
+        include_usage = False
+    if not isinstance(include_usage, bool):
+        raise invalid("stream_options.include_usage",
+                      f"'stream_options.include_usage' must be a boolean, got {_describe(include_usage)}")
+    return stream, include_usage
+
+
+def _parse_prompts(fields: _Fields) -> list[str | list[int]]:
+    """The completions `prompt`: a string, strings, token ids, or lists of token ids."""
+    value = fields.get("prompt", required=True)
+    if isinstance(value, str):
+        prompts: list[Any] = [value]
+    elif isinstance(value, list) and value and all(_is_int(v) for v in value):
+        prompts = [value]
+    elif isinstance(value, list) and value:
+        prompts = value
+    elif isinstance(value, list):
+        raise invalid("prompt", "'prompt' must not be an empty array")
+    else:
+        raise invalid("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an "
+                      f"array of token-id arrays, got {_describe(value)}")
+    if len(prompts) > MAX_REQUESTS_PER_CALL:
+        raise invalid("prompt", f"'prompt' has {len(prompts)} prompts; one call may carry at most "
+                      f"{MAX_REQUESTS_PER_CALL}")
+    for i, prompt in enumerate(prompts):
+        where = "prompt" if prompts[0] is value else f"prompt[{i}]"
+        if isinstance(prompt, str):
+            if not prompt:
+                raise invalid(where, f"'{where}' must not be empty")
+        elif isinstance(prompt, list):
+            if not prompt:
+                raise invalid(where, f"'{where}' must not be an empty array of token ids")
+            bad = next((j for j, t in enumerate(prompt) if not _is_token_id(t)), None)
+            if bad is not None:
+                raise invalid(where, f"'{where}[{bad}]' must be a non-negative integer token id, got "
+                              f"{_describe(prompt[bad])}")
+        else:
+            raise invalid(where, f"'{where}' must be a string or an array of token ids, "
+                          f"got {_describe(prompt)}")
+    kinds = {type(p) for p in prompts}
+    if len(kinds) > 1:
+        raise invalid("prompt", "'prompt' mixes strings and token-id arrays; send one kind per call")
+    return prompts
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token_id(value: Any) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _parse_messages(value: Any) -> list[ChatTurn]:
+    if not isinstance(value, list) or not value:
+        raise invalid("messages", f"'messages' must be a non-empty array of messages, got {_describe(value)}")
+    turns = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid(where, f"'{where}' must be an object, got {_describe(message)}")
+        unknown = sorted(set(message) - _MESSAGE_FIELDS)
+        if unknown:
+            raise invalid(f"{where}.{unknown[0]}", f"unrecognized message field '{where}.{unknown[0]}'")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise invalid(f"{where}.role", f"'{where}.role' must be one of {', '.join(CHAT_ROLES)}; got "
+                          f"{_describe(role)}")
+        if message.get("tool_calls"):
+            raise invalid(f"{where}.tool_calls", "tool calls are not supported by this server")
+        content = _message_content(message.get("content"), where, role)
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None:
+            if role != "assistant" or not isinstance(reasoning, str):
+                raise invalid(f"{where}.reasoning_content",
+                              f"'{where}.reasoning_content' must be a string on an assistant message")
+            # The chat template splits an assistant turn's reasoning off at </think> again.
+            content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+        for name in ("name", "tool_call_id"):
+            if message.get(name) is not None and not isinstance(message[name], str):
+                raise invalid(f"{where}.{name}", f"'{where}.{name}' must be a string")
+        turns.append(ChatTurn(role=role, content=content))
+    return turns
+
+
+def _message_content(content: Any, where: str, role: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        if role == "assistant":
+            return ""
+        raise invalid(f"{where}.content", f"'{where}.content' is required on a {role} message")
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content", f"'{where}.content' must be a string or an array of text parts, "
+                      f"got {_describe(content)}")
+    texts = []
+    for j, part in enumerate(content):
+        part_where = f"{where}.content[{j}]"
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else None
+            raise invalid(part_where, f"'{part_where}' must be a text part {{'type': 'text', 'text': ...}}; "
+                          f"got type {kind!r} (only text is supported)")
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"{part_where}.text", f"'{part_where}.text' must be a string")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _parse_template_kwargs(fields: _Fields) -> bool:
+    kwargs = fields.get("chat_template_kwargs")
+    if kwargs is None:
+        return True
+    if not isinstance(kwargs, dict):
+        raise invalid("chat_template_kwargs",
+                      f"'chat_template_kwargs' must be an object, got {_describe(kwargs)}")
+    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    if unknown:
+        raise invalid(f"chat_template_kwargs.{unknown[0]}",
+                      f"unknown chat template argument {unknown[0]!r}; the Qwen3 template takes "
+                      "enable_thinking")
+    enable = kwargs.get("enable_thinking", True)
+    if not isinstance(enable, bool):
+        raise invalid("chat_template_kwargs.enable_thinking",
+                      f"'chat_template_kwargs.enable_thinking' must be a boolean, got {_describe(enable)}")
+    return enable
+
+
+def _parse_stop(fields: _Fields) -> tuple[str, ...]:
+    stop = fields.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise invalid("stop", f"'stop' must be a non-empty string or an array of them, got {_describe(stop)}")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise invalid("stop", f"'stop' has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed")
+    return tuple(stops)
+
+
+def _parse_stop_token_ids(fields: _Fields) -> tuple[int, ...]:
+    ids = fields.get("stop_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not all(_is_token_id(t) for t in ids):
+        raise invalid("stop_token_ids", "'stop_token_ids' must be an array of non-negative integer token "
+                      f"ids, got {_describe(ids)}")
+    return tuple(ids)
+
+
+def _sampling_params(fields: _Fields, model: ServedModel, max_tokens: int | None, max_field: str,
+                     prompt_bound: int, logprobs: int | None, logprobs_field: str) -> SamplingParams:
+    """The request's SamplingParams; SamplingParams checks the ranges, errors keep the client's names."""
+    defaults = model.defaults
+    if max_tokens is None:
+        room = model.max_model_len - prompt_bound
+        max_tokens = room if room >= 1 else model.max_model_len
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=fields.float("temperature", defaults.temperature),
+            top_p=fields.float("top_p", defaults.top_p),
+            top_k=fields.int("top_k", None, None, default=defaults.top_k),  # type: ignore[arg-type]
+            min_p=fields.float("min_p", defaults.min_p),
+            seed=fields.int("seed", None, None),
+            repetition_penalty=fields.float("repetition_penalty", defaults.repetition_penalty),
+            presence_penalty=fields.float("presence_penalty", 0.0),
+            frequency_penalty=fields.float("frequency_penalty", 0.0),
+            stop=_parse_stop(fields),
+            stop_token_ids=_parse_stop_token_ids(fields),
+            ignore_eos=fields.bool("ignore_eos", False),
+            min_tokens=fields.int("min_tokens", None, None, default=0),  # type: ignore[arg-type]
+            logprobs=logprobs,
+        )
+    except SamplingParamsError as e:
+        param = {"max_tokens": max_field, "logprobs": logprobs_field}.get(e.field, e.field)
+        message = str(e).removeprefix(f"{e.field}: ")
+        raise invalid(param, f"'{param}' {message}") from None
+
+
+def _choice_params(params: SamplingParams, choice: int) -> SamplingParams:
+    if params.seed is None or choice == 0:
+        return params
+    wrapped = (params.seed + choice + 2**63) % 2**64 - 2**63
+    return replace(params, seed=wrapped)

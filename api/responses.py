@@ -1,0 +1,134 @@
+"""OpenAI response objects, as plain dicts ready for orjson: pure functions, no I/O.
+
+The response half of the wire format whose request half is api/protocol.py: completion and
+chat.completion objects, their streamed chunks and SSE framing, usage, and logprobs in each
+endpoint's shape. api/openai_serving.py fills them from GenerateOutputs.
+
+Shapes (OpenAI's, plus vLLM's `stop_reason` and `reasoning_content`):
+* completion choice: {index, text, logprobs, finish_reason, stop_reason}; its logprobs are
+  {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
+* chat choice: {index, message: {role, content, reasoning_content}, logprobs, finish_reason,
+  stop_reason}; a chunk's choice has `delta` instead of `message`; logprobs are
+  {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+* usage: {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details: {cached_tokens}}.
+* SSE: every event is `data: <json>\\n\\n`, the stream ends with `data: [DONE]\\n\\n`; with
+  stream_options.include_usage every chunk has "usage": null and a last chunk carries the usage
+  with no choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from procs.messages import TopLogprob
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+# --- logprobs -------------------------------------------------------------------------------------
+
+
+def completion_logprobs(tokens: Sequence[str], logprobs: Sequence[float],
+                        top_logprobs: Sequence[Sequence[TopLogprob]], text_offset: int) -> dict[str, Any]:
+    """Completions' logprobs for consecutive tokens, the first at `text_offset` in the choice's text."""
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {
+        "tokens": list(tokens),
+        "token_logprobs": list(logprobs),
+        "top_logprobs": [{t.token: t.logprob for t in top} for top in top_logprobs],
+        "text_offset": offsets,
+    }
+
+
+def merge_completion_logprobs(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {key: [v for part in parts for v in part[key]]
+            for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+
+
+def chat_logprobs(tokens: Sequence[str], logprobs: Sequence[float],
+                  top_logprobs: Sequence[Sequence[TopLogprob]]) -> dict[str, Any]:
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {"content": [
+        {**entry(token, logprob), "top_logprobs": [entry(t.token, t.logprob) for t in top]}
+        for token, logprob, top in zip(tokens, logprobs, top_logprobs)
+    ]}
+
+
+# --- /v1/completions ------------------------------------------------------------------------------
+
+
+def completion_choice(index: int, text: str, finish_reason: str | None, stop_reason: str | int | None,
+                      logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
+
+
+def completion(call_id: str, created: int, model: str, choices: list[dict[str, Any]],
+               usage_: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "object": "text_completion", "created": created, "model": model,
+            "choices": choices, "usage": usage_}
+
+
+def completion_chunk(call_id: str, created: int, model: str, choices: list[dict[str, Any]],
+                     include_usage: bool, usage_: dict[str, Any] | None = None) -> dict[str, Any]:
+    chunk = {"id": call_id, "object": "text_completion", "created": created, "model": model,
+             "choices": choices}
+    if include_usage:
+        chunk["usage"] = usage_
+    return chunk
+
+
+# --- /v1/chat/completions -------------------------------------------------------------------------
+
+
+def chat_message(content: str, reasoning_content: str | None) -> dict[str, Any]:
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning_content}
+
+
+def chat_choice(index: int, message: dict[str, Any], finish_reason: str | None,
+                stop_reason: str | int | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
+
+
+def chat_completion(call_id: str, created: int, model: str, choices: list[dict[str, Any]],
+                    usage_: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "usage": usage_}
+
+
+def chat_delta_choice(index: int, delta: dict[str, Any], finish_reason: str | None = None,
+                      stop_reason: str | int | None = None,
+                      logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
+
+
+def chat_chunk(call_id: str, created: int, model: str, choices: list[dict[str, Any]],
+               include_usage: bool, usage_: dict[str, Any] | None = None) -> dict[str, Any]:
+    chunk = {"id": call_id, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": choices}
+    if include_usage:
+        chunk["usage"] = usage_
+    return chunk

@@ -1,0 +1,276 @@
+"""The OpenAI-compatible REST server: a Starlette app, served by uvicorn (api/cli.py).
+
+Routes:
+* POST /v1/completions, POST /v1/chat/completions: stream true (SSE) or false; see
+  api/openai_serving.py for how one call runs, api/protocol.py for what a body may hold.
+* GET /v1/models: the one served model.
+* GET /health: 200 while the engine serves (ServerInfo.serving), 503 when it does not or when the
+  tokenizer does not answer; the body says why.
+* GET /metrics: Prometheus text (api/metrics.py). GET /version.
+
+The app is one client of the tokenizer process: one AsyncClient (one DEALER socket), started in
+the app's lifespan. An HTTP client that disconnects, while its response streams or while it waits
+for a whole one, aborts its requests (AbortRequest) at once. With an API key (ApiConfig.api_key,
+or the CADENCE_API_KEY environment variable through the CLI) every /v1/ route needs
+`Authorization: Bearer <key>`; /health, /metrics and /version stay open for probes and scrapers.
+Bodies over `max_body_bytes` get 413 before they are read whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, TypeVar
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.client import AsyncClient, ClientError
+from api.errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, ApiError, error_object, invalid
+from api.metrics import CONTENT_TYPE, ApiMetrics
+from api.openai_serving import make_call
+from api.protocol import (
+    ParsedRequest,
+    ServedModel,
+    parse_chat_request,
+    parse_completion_request,
+    parse_json_body,
+)
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    model: ServedModel
+    tokenizer_address: str  # the tokenizer's ROUTER (Launcher.endpoints.tokenizer_frontend)
+    api_key: str | None = None  # None: /v1/ routes are open
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    timeout_s: float = 600.0  # the longest a request may go without an output before a 504
+    info_timeout_s: float = 5.0  # /health and /metrics wait this long for the engine's state
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty (use None for no key)")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
+        if self.timeout_s <= 0 or self.info_timeout_s <= 0:
+            raise ValueError("timeout_s and info_timeout_s must be positive")
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+class SSEResponse(StreamingResponse):
+    """An event stream whose `on_close` runs however the stream ends: finished, failed, or the
+    client gone (Starlette cancels the sending task, or sending raises, depending on the server)."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._events = events
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._events.aclose()  # type: ignore[attr-defined]
+            self._on_close()
+
+
+class _ApiKeyCheck:
+    """ASGI middleware: /v1/ routes need `Authorization: Bearer <key>`."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                message = ("missing Authorization header; send 'Authorization: Bearer <api key>'" if not given
+                           else "invalid API key in the Authorization header")
+                response = JSONResponse(error_object(message, AUTHENTICATION), status_code=401,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _ClientGone(Exception):
+    """The HTTP client disconnected before its response was ready."""
+
+
+class ApiServer:
+    """The routes' state: the served model, the tokenizer client, the metrics."""
+
+    def __init__(self, config: ApiConfig) -> None:
+        self.config = config
+        self.metrics = ApiMetrics(config.model.name)
+        self.client = AsyncClient(config.tokenizer_address, timeout_s=config.timeout_s, name="api server")
+        self.created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.client.start()
+        try:
+            yield
+        finally:
+            await self.client.close()
+
+    # --- generation ----------------------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, parse_completion_request, "cmpl")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._serve(request, parse_chat_request, "chatcmpl")
+
+    async def _serve(self, request: Request, parse: Callable[[Any, ServedModel, str], ParsedRequest],
+                     id_prefix: str) -> Response:
+        start_s = time.monotonic()
+        body = parse_json_body(await self._read_body(request))
+        call_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        parsed = parse(body, self.config.model, call_id)
+        call = make_call(parsed, self.client, self.metrics, call_id, start_s)
+        streaming = False
+        try:
+            await _unless_disconnected(request, call.start())
+            if parsed.stream:
+                streaming = True  # from here the response owns the call and closes it
+                return SSEResponse(call.events(), on_close=call.close)
+            return JSONResponse(await _unless_disconnected(request, call.collect()))
+        except _ClientGone:
+            return Response(status_code=499)  # nobody reads it; the requests are aborted below
+        finally:
+            if not streaming:
+                call.close()
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise invalid(None, f"Content-Length {declared!r} is not a number")
+            if int(declared) > limit:
+                raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # --- state ---------------------------------------------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        model = self.config.model
+        return JSONResponse({"object": "list", "data": [{
+            "id": model.name, "object": "model", "created": self.created, "owned_by": "cadence",
+            "root": model.name, "parent": None, "max_model_len": model.max_model_len,
+        }]})
+
+    async def health(self, request: Request) -> Response:
+        try:
+            info = await self.client.server_info(self.config.info_timeout_s)
+        except ClientError as e:
+            return JSONResponse({"status": "unavailable", "reason": str(e)}, status_code=503)
+        replicas = [{"replica": r.replica, "alive": r.alive, "reason": r.reason} for r in info.replicas]
+        body = {"status": "ok" if info.serving else "unavailable", "replicas": replicas,
+                "status_age_s": info.status_age_s}
+        if not info.serving:
+            down = "; ".join(f"replica {r.replica}: {r.reason}" for r in info.replicas if not r.alive)
+            body["reason"] = "the engine is not serving" + (f" ({down})" if down else "")
+        return JSONResponse(body, status_code=200 if info.serving else 503)
+
+    async def metrics_text(self, request: Request) -> Response:
+        try:
+            info = await self.client.server_info(self.config.info_timeout_s)
+        except ClientError:
+            info = None  # the api's own metrics are still worth scraping
+        return Response(self.metrics.render(info), media_type=CONTENT_TYPE)
+
+    async def version(self, request: Request) -> Response:
+        try:
+            version = metadata.version("cadence")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        return JSONResponse({"version": version})
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
+    """`work`'s result, or _ClientGone as soon as the HTTP client disconnects."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise _ClientGone()
+    finally:
+        watcher.cancel()
+        task.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.to_dict(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message, kind = f"no route {request.method} {request.url.path}", NOT_FOUND
+    else:
+        message, kind = f"{request.method} {request.url.path}: {exc.detail}", "invalid_request_error"
+    return JSONResponse(error_object(message, kind), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    return JSONResponse(error_object(f"internal error: {type(exc).__name__}: {exc}", SERVER_ERROR), 500)
+
+
+def build_app(config: ApiConfig) -> Starlette:
+    server = ApiServer(config)
+    routes = [
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.metrics_text, methods=["GET"]),
+        Route("/version", server.version, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=server.lifespan,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+    )
+    app.state.server = server
+    if config.api_key is not None:
+        app.add_middleware(_ApiKeyCheck, api_key=config.api_key)
+    return app
