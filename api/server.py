@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -148,7 +148,10 @@ class ApiServer:
     async def _serve(self, request: Request, parse: Callable[[Any, ServedModel, str], ParsedRequest],
                      id_prefix: str) -> Response:
         start_s = time.monotonic()
-        body = parse_json_body(await self._read_body(request))
+        try:
+            body = parse_json_body(await self._read_body(request))
+        except ClientDisconnect:
+            return Response(status_code=499)  # gone before its body arrived; nothing was sent yet
         call_id = f"{id_prefix}-{uuid.uuid4().hex}"
         parsed = parse(body, self.config.model, call_id)
         call = make_call(parsed, self.client, self.metrics, call_id, start_s)

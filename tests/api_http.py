@@ -57,13 +57,14 @@ class Reply:
         return f"Reply({self.status}, {self.body[:300]!r})"
 
 
-def request(port: int, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+def request(port: int, method: str, path: str, body: Any = None, *, raw: Any = None,
             headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> Reply:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
         data = raw if raw is not None else (orjson.dumps(body) if body is not None else None)
         all_headers = {"Content-Type": "application/json", **(headers or {})}
-        conn.request(method, path, body=data, headers=all_headers)
+        chunked = data is not None and not isinstance(data, bytes)  # an iterable of chunks
+        conn.request(method, path, body=data, headers=all_headers, encode_chunked=chunked)
         response = conn.getresponse()
         return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
     finally:

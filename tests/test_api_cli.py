@@ -1,0 +1,107 @@
+"""`cadence serve` (api/cli.py): its flags, and the wiring from flags to launcher to a serving app.
+
+The launcher is replaced by one that "starts" the fake tokenizer, so these tests check the CLI's
+own work: flags parsed, the engine config built by procs.args, the served model name, the API key
+(flag or environment), and an app that answers over HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+from api_fake_tokenizer import FakeTokenizer
+from api_http import UvicornThread, get, post
+
+from api import cli
+from core.config import EngineConfig
+
+
+def test_serve_flags_and_their_defaults():
+    args = cli.build_parser().parse_args(["serve"])
+    assert (args.command, args.host, args.port, args.api_key, args.served_model_name) == (
+        "serve", "127.0.0.1", 8000, None, None)
+    args = cli.build_parser().parse_args([
+        "serve", "--host", "0.0.0.0", "--port", "9001", "--api-key", "k", "--served-model-name", "tiny",
+        "--model", "qwen3-tiny", "--tp", "1"])
+    assert (args.host, args.port, args.api_key, args.served_model_name, args.model) == (
+        "0.0.0.0", 9001, "k", "tiny", "qwen3-tiny")
+
+
+def test_a_command_is_required():
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([])
+
+
+class FakeLauncher:
+    """Stands in for procs.launcher.Launcher: records what it was given, points at the fake."""
+
+    started: list = []
+    address = ""
+
+    def __init__(self, config, options=None):
+        self.config, self.options = config, options
+        self.endpoints = SimpleNamespace(tokenizer_frontend=FakeLauncher.address)
+
+    def __enter__(self):
+        FakeLauncher.started.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped = True
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Runs `cadence serve` with the fake launcher; yields what the HTTP checks saw."""
+    seen = {}
+
+    def run_http(app, args):
+        with UvicornThread(app) as server:
+            seen["args"] = args
+            seen["models_open"] = get(server.port, "/v1/models")
+            seen["models_keyed"] = get(server.port, "/v1/models", headers={"Authorization": "Bearer k1"})
+            seen["completion"] = post(server.port, "/v1/completions", {"prompt": "hi", "max_tokens": 2},
+                                      headers={"Authorization": "Bearer k1"})
+            seen["health"] = get(server.port, "/health")
+
+    with FakeTokenizer(model="served-name") as fake:
+        FakeLauncher.address, FakeLauncher.started = fake.address, []
+        monkeypatch.setattr("procs.launcher.Launcher", FakeLauncher)
+        monkeypatch.setattr(cli, "_run_http", run_http)
+        yield seen
+
+
+def test_serve_starts_the_engine_and_serves_its_model(served, monkeypatch):
+    monkeypatch.setenv(cli.API_KEY_ENV, "k1")
+    code = cli.main(["serve", "--device", "cpu", "--max-model-len", "512",
+                     "--served-model-name", "served-name", "--port", "0"])
+    assert code == 0
+    (launcher,) = FakeLauncher.started
+    assert isinstance(launcher.config, EngineConfig) and launcher.config.max_model_len == 512
+    assert launcher.options.served_model_name == "served-name" and launcher.stopped
+    assert served["models_open"].status == 401  # the key came from the environment
+    (model,) = served["models_keyed"].json()["data"]
+    assert (model["id"], model["max_model_len"]) == ("served-name", 512)
+    assert served["completion"].status == 200 and served["completion"].json()["model"] == "served-name"
+    assert served["health"].status == 200
+
+
+def test_the_flag_key_wins_and_the_model_name_defaults_to_the_model(served, monkeypatch):
+    monkeypatch.setenv(cli.API_KEY_ENV, "other")
+    assert cli.main(["serve", "--device", "cpu", "--api-key", "k1"]) == 0
+    assert served["models_keyed"].json()["data"][0]["id"] == "qwen3-tiny"
+    assert served["completion"].status == 200
+
+
+def test_a_startup_failure_is_one_line_and_exit_code_1(monkeypatch, capsys):
+    @contextlib.contextmanager
+    def failing(args):
+        raise RuntimeError("executor dp=0 tp=0 did not start: CUDA out of memory")
+        yield
+
+    monkeypatch.setattr(cli, "_start_engine", failing)
+    assert cli.main(["serve", "--device", "cpu"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "cadence serve: RuntimeError: executor dp=0 tp=0 did not start: CUDA out of memory")

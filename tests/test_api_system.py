@@ -1,0 +1,109 @@
+"""The API over the real system: the launcher's tokenizer, scheduler and executor processes on the
+CPU (qwen3-tiny, dummy weights, the built-in Qwen vocabulary), the REST server and the native
+client side by side on the same tokenizer."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import orjson
+import pytest
+from api_http import UvicornThread, get, post, sse_events
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.client import Client
+from api.protocol import ServedModel
+from api.server import ApiConfig, build_app
+from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from core.sampling_params import SamplingParams
+from core.tokenizer import load_tokenizer
+from core.tokenizer.chat_template import render_chatml
+from procs.launcher import Launcher, LaunchOptions
+
+MAX_MODEL_LEN = 512
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def system():
+    config = EngineConfig(model=ModelConfig.from_name("qwen3-tiny"), cache=CacheConfig(num_pages=256),
+                          scheduler=SchedulerConfig(max_model_len=MAX_MODEL_LEN, max_num_seqs=32,
+                                                    max_num_batched_tokens=256), device="cpu")
+    with Launcher(config, LaunchOptions(served_model_name="tiny", startup_timeout_s=180)) as launcher:
+        address = launcher.endpoints.tokenizer_frontend
+        model = ServedModel("tiny", config.max_model_len, config.model.generation)
+        with UvicornThread(build_app(ApiConfig(model, address, timeout_s=60))) as server:
+            yield server.port, address
+
+
+def metric(port: int, family: str, sample: str | None = None) -> float:
+    families = {f.name: f for f in text_string_to_metric_families(get(port, "/metrics").body.decode())}
+    return sum(s.value for s in families[family].samples if sample is None or s.name == sample)
+
+
+def test_chat_usage_counts_the_real_tokens(system):
+    port, _ = system
+    reply = post(port, "/v1/chat/completions", {"model": "tiny", "messages": HELLO, "max_tokens": 4,
+                                                "temperature": 0})
+    assert reply.status == 200, reply
+    body = reply.json()
+    tokenizer = load_tokenizer(None)
+    num_prompt = len(tokenizer.encode(render_chatml(HELLO)))
+    assert body["usage"]["prompt_tokens"] == num_prompt and body["usage"]["completion_tokens"] == 4
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert get(port, "/health").status == 200
+
+
+def test_streamed_greedy_text_equals_whole_and_the_native_clients(system):
+    port, address = system
+    body = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    whole = post(port, "/v1/completions", body).json()["choices"][0]
+    events = sse_events(post(port, "/v1/completions", {**body, "stream": True}))
+    assert events[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == whole["text"]
+    with Client(address, timeout_s=60) as client:
+        (native,) = client.generate([body["prompt"]], SamplingParams(max_tokens=8, temperature=0))
+    assert native.text == whole["text"] and native.finish_reason == whole["finish_reason"] == "length"
+
+
+def test_a_native_batch_and_a_context_refusal(system):
+    _, address = system
+    with Client(address, timeout_s=60) as client:
+        results = client.generate([f"Count to {i}:" for i in range(20)], SamplingParams(max_tokens=3))
+        too_long = client.generate([list(range(1, MAX_MODEL_LEN + 1))], SamplingParams(max_tokens=3))[0]
+    assert all(r.ok and r.num_output_tokens == 3 for r in results)
+    assert too_long.refused is not None and f"maximum context length is {MAX_MODEL_LEN}" in too_long.error
+
+
+def test_a_default_max_tokens_runs_to_the_context_length(system):
+    port, _ = system
+    prompt = list(range(100, 100 + MAX_MODEL_LEN - 5))
+    choice = post(port, "/v1/completions", {"prompt": prompt}).json()
+    assert choice["usage"]["completion_tokens"] == 5 and choice["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_disconnected_stream_frees_the_engine(system):
+    port, _ = system
+
+    def generated() -> float:
+        return metric(port, "cadence:generation_tokens", "cadence:generation_tokens_total")
+
+    before = generated()
+    data = orjson.dumps({"prompt": "Tell a long story.", "max_tokens": 400, "stream": True})
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        received = b""
+        while received.count(b"data: ") < 3:
+            received += sock.recv(65536)
+    # idle = nothing running and the generated-token count standing still
+    last, deadline = -1.0, time.monotonic() + 15
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = generated()
+        if now == last and metric(port, "cadence:num_requests_running") == 0:
+            break
+        last = now
+    assert metric(port, "cadence:num_requests_running") == 0
+    assert 2 <= generated() - before < 400  # aborted mid-way, not run to max_tokens
