@@ -9,6 +9,8 @@ zero-copy views.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -106,6 +108,7 @@ def _shape(kind: str, b: int, t: int, w: int, h: int) -> tuple[int, ...]:
     return {"B": (b,), "B+1": (b + 1,), "BW": (b, w), "T": (t,), "H": (h,)}[kind]
 
 
+@functools.lru_cache(maxsize=1024)  # decode steps repeat a handful of shapes
 def _layout(b: int, t: int, w: int, h: int) -> tuple[list[tuple[str, np.dtype, tuple, int]], int]:
     offset = _HEADER_WORDS * 8
     layout = []
@@ -113,7 +116,7 @@ def _layout(b: int, t: int, w: int, h: int) -> tuple[list[tuple[str, np.dtype, t
         offset = -(-offset // _ALIGN) * _ALIGN
         shape = _shape(kind, b, t, w, h)
         layout.append((name, dtype, shape, offset))
-        offset += int(np.prod(shape)) * dtype.itemsize
+        offset += math.prod(shape) * dtype.itemsize
     return layout, offset
 
 
@@ -131,7 +134,7 @@ def pack_plan(plan: StepPlan, buffer: memoryview | np.ndarray) -> int:
         raise ValueError(f"step {plan.step_id} needs {nbytes} bytes, the slot holds {out.nbytes}")
     out[: _HEADER_WORDS * 8].view(np.int64)[:6] = (plan.step_id, plan.replica, b, t, w, h)
     for name, dtype, shape, offset in layout:
-        size = int(np.prod(shape)) * dtype.itemsize
+        size = math.prod(shape) * dtype.itemsize
         out[offset : offset + size].view(dtype)[:] = np.asarray(getattr(plan, name), dtype=dtype).ravel()
     return nbytes
 
@@ -142,7 +145,7 @@ def unpack_plan(buffer: memoryview | np.ndarray) -> StepPlan:
     step_id, replica, b, t, w, h = (int(x) for x in raw[: _HEADER_WORDS * 8].view(np.int64)[:6])
     arrays = {}
     for name, dtype, shape, offset in _layout(b, t, w, h)[0]:
-        size = int(np.prod(shape)) * dtype.itemsize
+        size = math.prod(shape) * dtype.itemsize
         arrays[name] = raw[offset : offset + size].view(dtype).reshape(shape)
     return StepPlan(step_id=step_id, replica=replica, **arrays)
 

@@ -335,6 +335,12 @@ class StepRing:
             )
         return unpack_plan(view)
 
+    def slot_of(self, step_id: int) -> int | None:
+        """The slot whose header shows `step_id` now, or None: what a reader spins on between steps."""
+        self._buf()  # raises if closed
+        hits = np.flatnonzero(self._slot_step == step_id)
+        return int(hits[0]) if len(hits) else None
+
     def consumed(self, step_id: int) -> None:
         """Mark `step_id` done by this reader (after its plan was copied off the ring)."""
         self._buf()  # raises if closed

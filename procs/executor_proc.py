@@ -16,21 +16,18 @@ import dataclasses
 import logging
 import os
 import sys
-import time
 from multiprocessing.connection import Connection
 
 import numpy as np
 
-from core.plan import StepResult, unpack_plan
+from core.plan import StepResult
 from ipc.channels import PushChannel, SubChannel
-from ipc.codec import CodecError, decode
-from ipc.shm_ring import StepRing
+from ipc.codec import decode
 from procs.child import Stopping, become, parent_alive, report_ready
 from procs.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
+from procs.plan_receiver import BadDoorbell, PlanReceiver, Step
 from procs.step_frames import result_to_frames
 
-# A doorbell announces a step whose header is already written: this only covers a torn read.
-_RING_READ_TIMEOUT_S = 5.0
 _IDLE_WAIT_S = 1.0
 
 
@@ -85,76 +82,56 @@ class Executor:
         self.log = log
         self.name = f"executor dp={spec.replica} tp={spec.rank}"
         self._ppid = os.getppid()
-        self.doorbell = SubChannel.connect(spec.doorbell, name=f"doorbell of replica {spec.replica}",
-                                           types=(StepReady, Ping, Stop))
+        doorbell = SubChannel.connect(spec.doorbell, name=f"doorbell of replica {spec.replica}",
+                                      types=(StepReady, Ping, Stop))
+        self.plans = PlanReceiver(doorbell, spec.ring_name, spec.rank, spec.spin_s,
+                                  register_with_cuda=spec.device.startswith("cuda"))
         self.results = PushChannel.connect(spec.results, name="results to the scheduler")
-        self.ring: StepRing | None = None
 
     def loop(self) -> None:
         while True:
             try:
-                delivery = self.doorbell.recv_with_frames(_IDLE_WAIT_S)
-            except CodecError as exc:
+                msg = self.plans.receive(_IDLE_WAIT_S)
+            except BadDoorbell as exc:
                 self.log.warning("ignored a bad doorbell message: %s", exc)
                 continue
-            if delivery is None:
+            if msg is None:
                 if not parent_alive(self._ppid):
                     self.log.warning("the launcher is gone; exiting")
                     return
-                continue
-            msg = delivery.message
-            if isinstance(msg, Stop):
+            elif isinstance(msg, Stop):
                 return
-            if isinstance(msg, Ping):
+            elif isinstance(msg, Ping):
                 self.results.send(Pong(self.spec.replica, self.spec.rank, msg.nonce))
             else:
-                self.step(msg, delivery.frames)
+                self.step(msg)
 
-    def step(self, ready: StepReady, frames: tuple[memoryview, ...]) -> None:
-        """Run the announced step and reply: rank 0 always, any rank when the step failed on it."""
-        start = time.perf_counter()
-        result = None
+    def step(self, step: Step) -> None:
+        """Run one step and reply: rank 0 always, any rank when the step failed on it."""
         try:
-            if ready.slot < 0:
-                plan = unpack_plan(frames[0])
-            else:
-                plan = self._ring().read(ready.step_id, ready.slot, _RING_READ_TIMEOUT_S)
-            read_ms = (time.perf_counter() - start) * 1e3
-            result = self.runner.execute(plan)
-            if result is not None:
-                result.timings_ms["read_plan"] = read_ms
+            result = self.runner.execute(step.plan)
         except Exception as exc:  # the step's requests fail with this message; the loop lives on
-            self.log.exception("step %d failed", ready.step_id)
-            result = StepResult(step_id=ready.step_id, replica=self.spec.replica,
+            self.log.exception("step %d failed", step.step_id)
+            result = StepResult(step_id=step.step_id, replica=self.spec.replica,
                                 sampled_token_ids=np.zeros(0, np.int32),
                                 error=f"{self.name}: {type(exc).__name__}: {exc}")
         finally:
             # The ranks sync in the forward's collectives, so the plan's host data has been copied.
-            if ready.slot >= 0 and self.ring is not None:
-                self.ring.consumed(ready.step_id)
+            self.plans.done(step)
         if result is None:
             return
         if result.error is not None:
-            self.results.send(StepDone(self.spec.replica, self.spec.rank, ready.step_id, error=result.error))
+            self.results.send(StepDone(self.spec.replica, self.spec.rank, step.step_id, error=result.error))
             return
         done, payload = result_to_frames(result, self.spec.rank)
         self.results.send(done, frames=payload)
 
-    def _ring(self) -> StepRing:
-        if self.ring is None:
-            self.ring = StepRing.attach(self.spec.ring_name, self.spec.rank)
-            if self.spec.device.startswith("cuda"):
-                self.ring.register_with_cuda()
-        return self.ring
-
     def close(self) -> None:
-        if self.ring is not None:
-            self.ring.close()
-        self.doorbell.close()
+        self.plans.close()
+        self.plans.doorbell.close()
         self.results.close()
         if self.spec.config.parallel.tp_size > 1:
             import torch
 
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
-

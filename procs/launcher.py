@@ -39,6 +39,9 @@ from procs.tokenizer_proc import run_tokenizer
 
 log = logging.getLogger("cadence.launcher")
 
+# Between two decode steps the scheduler takes well under a millisecond to plan the next one.
+SPIN_S = 1e-3
+
 
 class LaunchError(RuntimeError):
     """A process failed to start; the message names it and carries its own error."""
@@ -177,7 +180,7 @@ class Launcher:
         return [
             ExecutorSpec(config, replica, rank, device, eps.doorbell(replica), eps.results,
                          ring_name(self.run_id, replica), init_method, "nccl" if distinct_cards else "gloo",
-                         kv_memory_share=1.0 / devices.count(device))
+                         kv_memory_share=1.0 / devices.count(device), spin_s=_spin_s(config))
             for rank, device in enumerate(mine)
         ]
 
@@ -278,6 +281,12 @@ def _assign_devices(config: EngineConfig) -> list[str]:
     if num_cards == 0:
         raise LaunchError("--device cuda, but no CUDA device is visible")
     return [f"cuda:{g % num_cards}" for g in range(world)]
+
+
+def _spin_s(config: EngineConfig) -> float:
+    """Executors watch the ring between steps only when every process can have a core of its own."""
+    spare_cores = (os.cpu_count() or 1) - config.parallel.world_size - 2  # the scheduler, the tokenizer
+    return SPIN_S if spare_cores >= 2 else 0.0
 
 
 def _free_port() -> int:

@@ -252,6 +252,7 @@ class ExecutorSpec:
     dist_init_method: str  # torch.distributed rendezvous of the replica's TP group ("" at tp=1)
     dist_backend: str  # "nccl" or "gloo"
     kv_memory_share: float  # fraction of the card this executor may plan with (cards shared by replicas)
+    spin_s: float = 0.0  # how long to watch the ring for the next step before blocking on the doorbell
     dist_timeout_s: float = 120.0
 
 
