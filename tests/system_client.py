@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from core.sampling_params import SamplingParams
 from ipc.channels import DealerChannel
-from procs.messages import AbortRequest, GenerateOutput, GenerateRequest, RequestFailed, ServerInfo, ServerInfoQuery
+from procs.messages import (
+    AbortRequest,
+    GenerateOutput,
+    GenerateRequest,
+    RequestFailed,
+    ServerInfo,
+    ServerInfoQuery,
+)
 
 _ids = itertools.count()
 

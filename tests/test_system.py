@@ -19,7 +19,7 @@ from system_client import GREEDY, SystemClient, tiny_config
 
 from core.sampling_params import SamplingParams
 from ipc.shm_ring import SHM_DIR, run_prefix
-from procs.launcher import LaunchError, Launcher, LaunchOptions
+from procs.launcher import Launcher, LaunchError, LaunchOptions
 
 # Lengths around the page size (16) and past the step budget (256), so chunked prefill runs too.
 PROMPT_LENGTHS = (1, 5, 15, 16, 17, 40, 100, 300)
@@ -63,7 +63,8 @@ def reference():
 def reference_tokens(reference):
     _, client = reference
     results = client.generate(_chat(_prompts()), GREEDY)
-    assert all(r.finish_reason == "length" and len(r.token_ids) == GREEDY.max_tokens for r in results.values())
+    for r in results.values():
+        assert r.finish_reason == "length" and len(r.token_ids) == GREEDY.max_tokens
     return {k: r.token_ids for k, r in results.items()}
 
 
@@ -137,7 +138,8 @@ def test_abort_ends_a_running_request_with_abort(reference):
 
 
 def test_router_spreads_distinct_requests_over_both_replicas():
-    with _launch(tiny_config(dp=2)) as launcher, SystemClient(launcher.endpoints.tokenizer_frontend) as client:
+    with _launch(tiny_config(dp=2)) as launcher, \
+            SystemClient(launcher.endpoints.tokenizer_frontend) as client:
         rng = np.random.default_rng(7)
         prompts = {f"r{i}": {"prompt_token_ids": rng.integers(0, 151_000, 20).tolist()} for i in range(100)}
         results = client.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
@@ -172,9 +174,11 @@ def test_killed_executor_with_dp2_costs_the_clients_nothing(reference):
     _, reference_client = reference
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     rng = np.random.default_rng(11)
-    prompts = {f"k{i}": {"prompt_token_ids": rng.integers(0, 151_000, 30).tolist()} for i in range(16)}
+    prompts = {f"k{i}": {"prompt_token_ids": rng.integers(0, 151_000, 30).tolist()}
+               for i in range(16)}
     expected = reference_client.generate(prompts, params)
-    with _launch(tiny_config(dp=2)) as launcher, SystemClient(launcher.endpoints.tokenizer_frontend) as client:
+    with _launch(tiny_config(dp=2)) as launcher, \
+            SystemClient(launcher.endpoints.tokenizer_frontend) as client:
         killed = []
 
         def kill_once(msg):
