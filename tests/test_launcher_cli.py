@@ -1,0 +1,57 @@
+"""`python -m procs.launcher`: starts the system, serves native clients, stops cleanly on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from system_client import GREEDY, SystemClient
+
+from ipc.shm_ring import SHM_DIR
+
+
+def _cadence_pids() -> set[int]:
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read().startswith(b"cadence:"):
+                        pids.add(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_launcher_serves_then_stops_on_a_signal_leaving_no_process_and_no_segment(sig):
+    before = _cadence_pids()
+    shm_before = set(os.listdir(SHM_DIR))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "procs.launcher", "--device", "cpu", "--dp", "2", "--max-model-len", "256",
+         "--num-gpu-blocks-override", "64", "--max-num-batched-tokens", "128"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("native clients connect to ipc://"), line
+        address = line.split()[-1]
+        children = _cadence_pids() - before
+        assert len(children) == 4  # tokenizer, scheduler, two executors
+        with SystemClient(address) as client:
+            result = client.generate({"x": {"prompt": "hello"}}, GREEDY)["x"]
+            assert len(result.token_ids) == GREEDY.max_tokens
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 5
+    while _cadence_pids() & children:
+        assert time.monotonic() < deadline, f"orphans left: {_cadence_pids() & children}"
+        time.sleep(0.05)
+    assert set(os.listdir(SHM_DIR)) - shm_before == set()
+    assert not os.path.exists(address.removeprefix("ipc://"))
