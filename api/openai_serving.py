@@ -24,7 +24,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from api import responses
-from api.client import AsyncClient, ClientError, ClientTimeout, RequestGroup
+from api.async_client import AsyncClient, RequestGroup
+from api.client_errors import ClientError, ClientTimeout
 from api.errors import SERVER_ERROR, TIMEOUT, UNAVAILABLE, ApiError, error_object, invalid
 from api.metrics import ApiMetrics, RequestTiming
 from api.protocol import ParsedRequest, context_room, with_max_tokens

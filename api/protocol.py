@@ -28,12 +28,12 @@ Choices of this server, where OpenAI and vLLM leave room:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
+from api.body_fields import BodyFields, describe, is_int, is_token_id, require_noop
 from api.errors import ApiError, invalid
 from core.config import GenerationDefaults
 from core.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
@@ -57,8 +57,6 @@ CHAT_FIELDS = _COMMON_FIELDS | {
     "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "response_format",
 }
 _MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning_content", "tool_call_id", "tool_calls"})
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
-               float: "a number", type(None): "null"}
 # The tokenizer's refusal of a prompt that does not fit (procs/messages.py RequestFailed).
 _CONTEXT_REFUSAL = re.compile(
     r"maximum context length is (?P<limit>\d+) tokens; the request has (?P<prompt>\d+) prompt tokens"
@@ -110,11 +108,11 @@ def parse_json_body(raw: bytes) -> Any:
 
 def parse_completion_request(body: Any, model: ServedModel, request_id: str) -> ParsedRequest:
     """A /v1/completions body -> one GenerateRequest per (prompt, choice)."""
-    fields = _Fields(body, COMPLETION_FIELDS, "/v1/completions")
+    fields = BodyFields(body, COMPLETION_FIELDS, "/v1/completions")
     model_name = _check_model(fields, model)
     prompts = _parse_prompts(fields)
-    _require_noop(fields, "echo", (False,), "echo is not supported")
-    _require_noop(fields, "suffix", ("",), "suffix is not supported")
+    require_noop(fields, "echo", (False,), "echo is not supported")
+    require_noop(fields, "suffix", ("",), "suffix is not supported")
     logprobs = fields.int("logprobs", 0, MAX_LOGPROBS)
     n = _parse_n(fields, len(prompts))
     best_of = fields.int("best_of", 1, MAX_CHOICES)
@@ -144,15 +142,15 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str) -> 
 
 def parse_chat_request(body: Any, model: ServedModel, request_id: str) -> ParsedRequest:
     """A /v1/chat/completions body -> n GenerateRequests of one chat."""
-    fields = _Fields(body, CHAT_FIELDS, "/v1/chat/completions")
+    fields = BodyFields(body, CHAT_FIELDS, "/v1/chat/completions")
     model_name = _check_model(fields, model)
     messages = _parse_messages(fields.get("messages", required=True))
     enable_thinking = _parse_template_kwargs(fields)
     add_generation_prompt = fields.bool("add_generation_prompt", True)
-    _require_noop(fields, "tools", ([],), "tools are not supported by this server")
-    _require_noop(fields, "tool_choice", ("none", "auto"), "tool_choice is not supported by this server")
+    require_noop(fields, "tools", ([],), "tools are not supported by this server")
+    require_noop(fields, "tool_choice", ("none", "auto"), "tool_choice is not supported by this server")
     fields.bool("parallel_tool_calls", True)
-    _require_noop(fields, "response_format", ({"type": "text"},), "only response_format {'type': 'text'} "
+    require_noop(fields, "response_format", ({"type": "text"},), "only response_format {'type': 'text'} "
                   "is supported")
     want_logprobs = fields.bool("logprobs", False)
     top_logprobs = fields.int("top_logprobs", 0, MAX_LOGPROBS)
@@ -199,89 +197,20 @@ def with_max_tokens(request: GenerateRequest, max_tokens: int) -> GenerateReques
     return replace(request, params=replace(request.params, max_tokens=max_tokens))
 
 
-# --- fields ---------------------------------------------------------------------------------------
+# --- parts of a request ---------------------------------------------------------------------------
 
 
-def _describe(value: Any) -> str:
-    kind = _JSON_TYPES.get(type(value), type(value).__name__)
-    shown = orjson.dumps(value).decode() if not isinstance(value, dict | list) else ""
-    if len(shown) > 40:
-        shown = shown[:37] + "..."
-    return f"{kind} {shown}".rstrip()
-
-
-class _Fields:
-    """Typed access to a request body's top-level fields; every error names the field."""
-
-    def __init__(self, body: Any, known: frozenset[str], endpoint: str) -> None:
-        if not isinstance(body, dict):
-            raise invalid(None, f"the request body must be a JSON object, got {_describe(body)}")
-        unknown = sorted(set(body) - known)
-        if unknown:
-            raise invalid(unknown[0], f"unrecognized request argument {unknown[0]!r} for {endpoint}")
-        self._body = body
-
-    def get(self, name: str, *, required: bool = False) -> Any:
-        value = self._body.get(name)
-        if value is None and required:
-            raise invalid(name, f"{name!r} is a required field")
-        return value
-
-    def int(self, name: str, minimum: int | None, maximum: int | None,
-            default: int | None = None) -> int | None:
-        value = self._body.get(name)
-        if value is None:
-            return default
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)  # 16.0 is 16 in JSON's eyes
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise invalid(name, f"{name!r} must be an integer, got {_describe(value)}")
-        if minimum is not None and value < minimum or maximum is not None and value > maximum:
-            low = "" if minimum is None else f">= {minimum}"
-            high = "" if maximum is None else f"<= {maximum}"
-            raise invalid(name, f"{name!r} must be {' and '.join(s for s in (low, high) if s)}, got {value}")
-        return value
-
-    def float(self, name: str, default: float) -> float:
-        value = self._body.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise invalid(name, f"{name!r} must be a number, got {_describe(value)}")
-        return float(value)
-
-    def bool(self, name: str, default: bool) -> bool:
-        value = self._body.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise invalid(name, f"{name!r} must be a boolean, got {_describe(value)}")
-        return value
-
-    def str(self, name: str) -> str | None:
-        value = self._body.get(name)
-        if value is not None and not isinstance(value, str):
-            raise invalid(name, f"{name!r} must be a string, got {_describe(value)}")
-        return value
-
-
-def _require_noop(fields: _Fields, name: str, allowed: Sequence[Any], why: str) -> None:
-    value = fields.get(name)
-    if value is not None and value not in allowed:
-        raise invalid(name, f"{why}; got {name}={orjson.dumps(value).decode()[:80]}")
-
-
-def _check_model(fields: _Fields, model: ServedModel) -> str:
+def _check_model(fields: BodyFields, model: ServedModel) -> str:
     """The served model's name, after the checks every endpoint shares."""
     name = fields.str("model")
     if name is not None and name != model.name:
         raise ApiError(404, f"the model {name!r} does not exist; this server serves {model.name!r}", "model")
     fields.str("user")  # accepted for OpenAI compatibility; not used
-    _require_noop(fields, "logit_bias", ({},), "logit_bias is not supported")
+    require_noop(fields, "logit_bias", ({},), "logit_bias is not supported")
     return model.name
 
 
-def _parse_n(fields: _Fields, num_prompts: int) -> int:
+def _parse_n(fields: BodyFields, num_prompts: int) -> int:
     n = fields.int("n", 1, MAX_CHOICES, default=1)
     assert n is not None
     if n * num_prompts > MAX_REQUESTS_PER_CALL:
@@ -290,7 +219,7 @@ def _parse_n(fields: _Fields, num_prompts: int) -> int:
     return n
 
 
-def _parse_stream(fields: _Fields) -> tuple[bool, bool]:
+def _parse_stream(fields: BodyFields) -> tuple[bool, bool]:
     stream = fields.bool("stream", False)
     options = fields.get("stream_options")
     if options is None:
@@ -298,7 +227,7 @@ def _parse_stream(fields: _Fields) -> tuple[bool, bool]:
     if not stream:
         raise invalid("stream_options", "stream_options is only allowed when stream is true")
     if not isinstance(options, dict):
-        raise invalid("stream_options", f"'stream_options' must be an object, got {_describe(options)}")
+        raise invalid("stream_options", f"'stream_options' must be an object, got {describe(options)}")
     unknown = sorted(set(options) - {"include_usage", "continuous_usage_stats"})
     if unknown:
         raise invalid(f"stream_options.{unknown[0]}", f"unrecognized stream option {unknown[0]!r}")
@@ -309,16 +238,16 @@ def _parse_stream(fields: _Fields) -> tuple[bool, bool]:
         include_usage = False
     if not isinstance(include_usage, bool):
         raise invalid("stream_options.include_usage",
-                      f"'stream_options.include_usage' must be a boolean, got {_describe(include_usage)}")
+                      f"'stream_options.include_usage' must be a boolean, got {describe(include_usage)}")
     return stream, include_usage
 
 
-def _parse_prompts(fields: _Fields) -> list[str | list[int]]:
+def _parse_prompts(fields: BodyFields) -> list[str | list[int]]:
     """The completions `prompt`: a string, strings, token ids, or lists of token ids."""
     value = fields.get("prompt", required=True)
     if isinstance(value, str):
         prompts: list[Any] = [value]
-    elif isinstance(value, list) and value and all(_is_int(v) for v in value):
+    elif isinstance(value, list) and value and all(is_int(v) for v in value):
         prompts = [value]
     elif isinstance(value, list) and value:
         prompts = value
@@ -326,7 +255,7 @@ def _parse_prompts(fields: _Fields) -> list[str | list[int]]:
         raise invalid("prompt", "'prompt' must not be an empty array")
     else:
         raise invalid("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an "
-                      f"array of token-id arrays, got {_describe(value)}")
+                      f"array of token-id arrays, got {describe(value)}")
     if len(prompts) > MAX_REQUESTS_PER_CALL:
         raise invalid("prompt", f"'prompt' has {len(prompts)} prompts; one call may carry at most "
                       f"{MAX_REQUESTS_PER_CALL}")
@@ -338,42 +267,34 @@ def _parse_prompts(fields: _Fields) -> list[str | list[int]]:
         elif isinstance(prompt, list):
             if not prompt:
                 raise invalid(where, f"'{where}' must not be an empty array of token ids")
-            bad = next((j for j, t in enumerate(prompt) if not _is_token_id(t)), None)
+            bad = next((j for j, t in enumerate(prompt) if not is_token_id(t)), None)
             if bad is not None:
                 raise invalid(where, f"'{where}[{bad}]' must be a non-negative integer token id, got "
-                              f"{_describe(prompt[bad])}")
+                              f"{describe(prompt[bad])}")
         else:
             raise invalid(where, f"'{where}' must be a string or an array of token ids, "
-                          f"got {_describe(prompt)}")
+                          f"got {describe(prompt)}")
     kinds = {type(p) for p in prompts}
     if len(kinds) > 1:
         raise invalid("prompt", "'prompt' mixes strings and token-id arrays; send one kind per call")
     return prompts
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_token_id(value: Any) -> bool:
-    return _is_int(value) and value >= 0
-
-
 def _parse_messages(value: Any) -> list[ChatTurn]:
     if not isinstance(value, list) or not value:
-        raise invalid("messages", f"'messages' must be a non-empty array of messages, got {_describe(value)}")
+        raise invalid("messages", f"'messages' must be a non-empty array of messages, got {describe(value)}")
     turns = []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise invalid(where, f"'{where}' must be an object, got {_describe(message)}")
+            raise invalid(where, f"'{where}' must be an object, got {describe(message)}")
         unknown = sorted(set(message) - _MESSAGE_FIELDS)
         if unknown:
             raise invalid(f"{where}.{unknown[0]}", f"unrecognized message field '{where}.{unknown[0]}'")
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise invalid(f"{where}.role", f"'{where}.role' must be one of {', '.join(CHAT_ROLES)}; got "
-                          f"{_describe(role)}")
+                          f"{describe(role)}")
         if message.get("tool_calls"):
             raise invalid(f"{where}.tool_calls", "tool calls are not supported by this server")
         content = _message_content(message.get("content"), where, role)
@@ -400,7 +321,7 @@ def _message_content(content: Any, where: str, role: str) -> str:
         raise invalid(f"{where}.content", f"'{where}.content' is required on a {role} message")
     if not isinstance(content, list):
         raise invalid(f"{where}.content", f"'{where}.content' must be a string or an array of text parts, "
-                      f"got {_describe(content)}")
+                      f"got {describe(content)}")
     texts = []
     for j, part in enumerate(content):
         part_where = f"{where}.content[{j}]"
@@ -414,13 +335,13 @@ def _message_content(content: Any, where: str, role: str) -> str:
     return "\n".join(texts)
 
 
-def _parse_template_kwargs(fields: _Fields) -> bool:
+def _parse_template_kwargs(fields: BodyFields) -> bool:
     kwargs = fields.get("chat_template_kwargs")
     if kwargs is None:
         return True
     if not isinstance(kwargs, dict):
         raise invalid("chat_template_kwargs",
-                      f"'chat_template_kwargs' must be an object, got {_describe(kwargs)}")
+                      f"'chat_template_kwargs' must be an object, got {describe(kwargs)}")
     unknown = sorted(set(kwargs) - {"enable_thinking"})
     if unknown:
         raise invalid(f"chat_template_kwargs.{unknown[0]}",
@@ -429,33 +350,33 @@ def _parse_template_kwargs(fields: _Fields) -> bool:
     enable = kwargs.get("enable_thinking", True)
     if not isinstance(enable, bool):
         raise invalid("chat_template_kwargs.enable_thinking",
-                      f"'chat_template_kwargs.enable_thinking' must be a boolean, got {_describe(enable)}")
+                      f"'chat_template_kwargs.enable_thinking' must be a boolean, got {describe(enable)}")
     return enable
 
 
-def _parse_stop(fields: _Fields) -> tuple[str, ...]:
+def _parse_stop(fields: BodyFields) -> tuple[str, ...]:
     stop = fields.get("stop")
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise invalid("stop", f"'stop' must be a non-empty string or an array of them, got {_describe(stop)}")
+        raise invalid("stop", f"'stop' must be a non-empty string or an array of them, got {describe(stop)}")
     if len(stops) > MAX_STOP_STRINGS:
         raise invalid("stop", f"'stop' has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed")
     return tuple(stops)
 
 
-def _parse_stop_token_ids(fields: _Fields) -> tuple[int, ...]:
+def _parse_stop_token_ids(fields: BodyFields) -> tuple[int, ...]:
     ids = fields.get("stop_token_ids")
     if ids is None:
         return ()
-    if not isinstance(ids, list) or not all(_is_token_id(t) for t in ids):
+    if not isinstance(ids, list) or not all(is_token_id(t) for t in ids):
         raise invalid("stop_token_ids", "'stop_token_ids' must be an array of non-negative integer token "
-                      f"ids, got {_describe(ids)}")
+                      f"ids, got {describe(ids)}")
     return tuple(ids)
 
 
-def _sampling_params(fields: _Fields, model: ServedModel, max_tokens: int | None, max_field: str,
+def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | None, max_field: str,
                      prompt_bound: int, logprobs: int | None, logprobs_field: str) -> SamplingParams:
     """The request's SamplingParams; SamplingParams checks the ranges, errors keep the client's names."""
     defaults = model.defaults

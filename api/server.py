@@ -36,7 +36,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.client import AsyncClient, ClientError
+from api.async_client import AsyncClient
+from api.client_errors import ClientError
 from api.errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, ApiError, error_object, invalid
 from api.metrics import CONTENT_TYPE, ApiMetrics
 from api.openai_serving import make_call

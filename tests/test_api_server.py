@@ -340,7 +340,9 @@ def test_a_streaming_client_that_disconnects_aborts_its_request(port, fake):
         "messages": [{"role": "user", "content": "FOREVER stream-gone"}], "stream": True, "max_tokens": 4000})
     received = b""
     while received.count(b"data: ") < 3:
-        received += sock.recv(65536)
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {received[:300]!r}"
+        received += chunk
     assert received.startswith(b"HTTP/1.1 200")
     sock.close()
     (sent,) = sent_with(fake, "stream-gone")

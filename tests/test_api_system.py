@@ -37,6 +37,20 @@ def system():
             yield server.port, address
 
 
+def stream_then_disconnect(port: int, body: dict, num_events: int) -> bytes:
+    """POST a streaming completion, read `num_events` SSE events, hang up; returns what came."""
+    data = orjson.dumps(body)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        received = b""
+        while received.count(b"data: ") < num_events:
+            chunk = sock.recv(65536)
+            assert chunk, f"the server closed the connection after {received[:300]!r}"
+            received += chunk
+    return received
+
+
 def metric(port: int, family: str, sample: str | None = None) -> float:
     families = {f.name: f for f in text_string_to_metric_families(get(port, "/metrics").body.decode())}
     return sum(s.value for s in families[family].samples if sample is None or s.name == sample)
@@ -90,13 +104,7 @@ def test_a_disconnected_stream_frees_the_engine(system):
         return metric(port, "cadence:generation_tokens", "cadence:generation_tokens_total")
 
     before = generated()
-    data = orjson.dumps({"prompt": "Tell a long story.", "max_tokens": 400, "stream": True})
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
-        received = b""
-        while received.count(b"data: ") < 3:
-            received += sock.recv(65536)
+    stream_then_disconnect(port, {"prompt": "Tell a long story.", "max_tokens": 400, "stream": True}, 3)
     # idle = nothing running and the generated-token count standing still
     last, deadline = -1.0, time.monotonic() + 15
     while time.monotonic() < deadline:
@@ -107,3 +115,11 @@ def test_a_disconnected_stream_frees_the_engine(system):
         last = now
     assert metric(port, "cadence:num_requests_running") == 0
     assert 2 <= generated() - before < 400  # aborted mid-way, not run to max_tokens
+
+
+def test_a_default_max_tokens_is_retried_when_the_byte_bound_overshoots(system):
+    # 600 bytes of text is over max_model_len by the API's byte bound, but far fewer real tokens
+    port, _ = system
+    received = stream_then_disconnect(port, {"prompt": "é" * 300, "stream": True}, 2)
+    assert received.startswith(b"HTTP/1.1 200"), received[:300]
+    assert b'"text_completion"' in received

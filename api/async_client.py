@@ -1,0 +1,314 @@
+"""AsyncClient: the native client for asyncio, and the REST server's one connection to the tokenizer.
+
+One DEALER socket (zmq.asyncio) to the tokenizer's ROUTER. A background task reads it and hands
+every output to the `RequestGroup` of its request (the requests one caller sent together, e.g.
+the n choices of an API call), so a caller waits on its own queue only. Batch helpers
+(`generate`, `as_completed`, `stream`) sit on top, with the sync Client's semantics
+(api/client.py): every wait is bounded by `timeout_s` of silence, and `ClientTimeout` names the
+tokenizer's address and the requests that got nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import replace
+
+import zmq
+import zmq.asyncio
+
+from api.client_errors import (
+    DEFAULT_TIMEOUT_S,
+    SEND_TIMEOUT_S,
+    ClientError,
+    ClientTimeout,
+    RequestIds,
+    RequestRefused,
+    describe_ids,
+    requests_for,
+)
+from api.generation import Generation, GenerationBuilder, Prompt, refused
+from core.sampling_params import SamplingParams
+from ipc.codec import CodecError, decode, encode
+from procs.messages import (
+    AbortRequest,
+    GenerateOutput,
+    GenerateRequest,
+    RequestFailed,
+    ServerInfo,
+    ServerInfoQuery,
+)
+
+log = logging.getLogger(__name__)
+
+_LINGER_MS = 200
+
+
+class RequestGroup:
+    """Requests sent together (the n choices of one API call) whose outputs share one queue.
+
+    `next()` returns the group's next GenerateOutput or RequestFailed; `async for` yields them
+    until every request has finished. Leaving `async with` (or `close()`) aborts what is unfinished
+    and forgets it: a caller that goes away never leaves a request running.
+    """
+
+    def __init__(self, client: AsyncClient, request_ids: Sequence[str]) -> None:
+        self._client = client
+        self.request_ids = tuple(request_ids)
+        self.unfinished = set(self.request_ids)
+        self._queue: asyncio.Queue[GenerateOutput | RequestFailed | None] = asyncio.Queue()
+        self._closed = False
+
+    async def __aenter__(self) -> RequestGroup:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __aiter__(self) -> AsyncIterator[GenerateOutput | RequestFailed]:
+        return self._iterate()
+
+    @property
+    def pending(self) -> bool:
+        """Some request is unfinished, or some output is not yet taken."""
+        return bool(self.unfinished) or not self._queue.empty()
+
+    async def _iterate(self) -> AsyncIterator[GenerateOutput | RequestFailed]:
+        while self.pending:
+            yield await self.next()
+
+    async def next(self, timeout_s: float | None = None) -> GenerateOutput | RequestFailed:
+        timeout = self._client.timeout_s if timeout_s is None else timeout_s
+        try:
+            message = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            waiting = self.unfinished or self.request_ids
+            raise ClientTimeout(f"the tokenizer at {self._client.address} sent nothing for request(s) "
+                                f"{describe_ids(waiting)} within {timeout} s") from None
+        if message is None:
+            raise self._client._failure or ClientError(f"client of {self._client.address} is closed")
+        return message
+
+    async def resubmit(self, request: GenerateRequest) -> None:
+        """Send a finished (e.g. refused) member again under its id."""
+        if request.request_id not in self.request_ids or request.request_id in self.unfinished:
+            raise ValueError(f"request {request.request_id!r} is not a finished member of this group")
+        self.unfinished.add(request.request_id)
+        self._client._groups[request.request_id] = self
+        await self._client._send(request)
+
+    def abort(self) -> None:
+        """Ask the server to end every unfinished request; each then finishes with "abort"."""
+        for rid in self.unfinished:
+            self._client._send_soon(AbortRequest(rid))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.abort()
+        for rid in self.unfinished:
+            self._client._groups.pop(rid, None)
+        self.unfinished.clear()
+
+    def _deliver(self, message: GenerateOutput | RequestFailed | None) -> None:
+        if message is not None and (isinstance(message, RequestFailed) or message.finished):
+            self.unfinished.discard(message.request_id)
+        self._queue.put_nowait(message)
+
+
+class AsyncClient:
+    """An asyncio client; `async with AsyncClient(address) as client:` (see the module docstring)."""
+
+    def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "async client",
+                 identity: bytes | None = None, id_prefix: str = "r") -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.name = name
+        self._identity = identity
+        self._ids = RequestIds(id_prefix)
+        self._socket: zmq.asyncio.Socket | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._groups: dict[str, RequestGroup] = {}  # unfinished request id -> its group
+        self._failure: ClientError | None = None
+        self._info: asyncio.Future[ServerInfo] | None = None
+        self._info_asked_s = 0.0
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._socket is not None:
+            raise ClientError(f"{self.name} of {self.address} is already started")
+        # A shadow of the process-wide context: no context (and no I/O thread) per client.
+        context = zmq.asyncio.Context.shadow(zmq.Context.instance().underlying)
+        socket = context.socket(zmq.DEALER)
+        socket.linger = _LINGER_MS
+        socket.sndtimeo = int(SEND_TIMEOUT_S * 1000)
+        if self._identity is not None:
+            socket.routing_id = self._identity
+        try:
+            socket.connect(self.address)
+        except zmq.ZMQError as e:
+            socket.close(linger=0)
+            raise ClientError(f"{self.name}: cannot connect to the tokenizer at {self.address}: {e}") from e
+        self._socket = socket
+        self._dispatcher = asyncio.create_task(self._dispatch(), name=f"{self.name} dispatcher")
+
+    async def close(self) -> None:
+        """Abort every unfinished request, stop the dispatcher and close the socket."""
+        if self._socket is None or self._socket.closed:
+            return
+        for group in {id(g): g for g in self._groups.values()}.values():
+            group.close()
+            group._deliver(None)
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+        self._socket.close()
+
+    # --- for callers that handle outputs themselves (the REST server) -----------------------------
+
+    async def open(self, requests: Sequence[GenerateRequest]) -> RequestGroup:
+        """Send the requests; their outputs arrive on the returned group's queue."""
+        if self._socket is None:
+            raise ClientError(f"{self.name} of {self.address} is not started")
+        if self._failure is not None:
+            raise self._failure
+        taken = [r.request_id for r in requests if r.request_id in self._groups]
+        if taken or len({r.request_id for r in requests}) != len(requests):
+            raise ValueError(f"request ids {describe_ids(taken) or '(repeated in the call)'} are in use")
+        group = RequestGroup(self, [r.request_id for r in requests])
+        for request in requests:
+            self._groups[request.request_id] = group
+        try:
+            for request in requests:
+                await self._send(request)
+        except BaseException:
+            group.close()
+            raise
+        return group
+
+    async def server_info(self, timeout_s: float | None = None) -> ServerInfo:
+        """The server's state; concurrent callers share one query."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        now = time.monotonic()
+        if self._info is None or self._info.done() or now - self._info_asked_s > timeout:
+            if self._info is None or self._info.done():
+                self._info = asyncio.get_running_loop().create_future()
+            self._info_asked_s = now
+            await self._send(ServerInfoQuery())
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._info), timeout)
+        except TimeoutError:
+            raise ClientTimeout(f"the tokenizer at {self.address} did not answer ServerInfoQuery within "
+                                f"{timeout} s") from None
+
+    # --- for batch jobs ----------------------------------------------------------------------------
+
+    async def as_completed(self, prompts: Iterable[Prompt | GenerateRequest],
+                           params: SamplingParams | None = None, *, timeout_s: float | None = None,
+                           **options: bool) -> AsyncIterator[Generation]:
+        """Submit every prompt; yield each one's Generation as it finishes."""
+        requests = requests_for(self._ids, prompts, params, **options)
+        builders = {r.request_id: GenerationBuilder(r.request_id) for r in requests}
+        async with await self.open(requests) as group:
+            while group.pending:
+                message = await group.next(timeout_s)
+                if isinstance(message, RequestFailed):
+                    yield refused(message)
+                    continue
+                builder = builders[message.request_id]
+                builder.add(message)
+                if message.finished:
+                    yield builder.build()
+
+    async def generate(self, prompts: Iterable[Prompt | GenerateRequest],
+                       params: SamplingParams | None = None, *, timeout_s: float | None = None,
+                       **options: bool) -> list[Generation]:
+        """Submit every prompt and wait for all; results in the prompts' order."""
+        requests = requests_for(self._ids, prompts, params, **options)
+        results = {g.request_id: g async for g in self.as_completed(requests, timeout_s=timeout_s)}
+        return [results[r.request_id] for r in requests]
+
+    async def stream(self, prompt: Prompt | GenerateRequest, params: SamplingParams | None = None,
+                     *, timeout_s: float | None = None, **options: bool) -> AsyncIterator[GenerateOutput]:
+        """One request's outputs as they come; raises RequestRefused. Leaving early aborts it."""
+        (request,) = requests_for(self._ids, [prompt], params, stream=True, **options)
+        request = replace(request, stream=True)
+        async with await self.open([request]) as group:
+            while group.pending:
+                message = await group.next(timeout_s)
+                if isinstance(message, RequestFailed):
+                    raise RequestRefused(message)
+                yield message
+
+    async def abort(self, request_id: str) -> None:
+        """Cancel a request; its group then gets its last output, with finish_reason "abort"."""
+        if request_id not in self._groups:
+            raise KeyError(f"request {request_id!r} is not unfinished on {self.name}")
+        await self._send(AbortRequest(request_id))
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    async def _send(self, message: object) -> None:
+        assert self._socket is not None
+        try:
+            await self._socket.send_multipart([encode(message)])
+        except zmq.Again:
+            raise ClientTimeout(f"the tokenizer at {self.address} did not take a {type(message).__name__} "
+                                f"within {SEND_TIMEOUT_S} s (not running, or not reading)") from None
+
+    def _send_soon(self, message: object) -> None:
+        """Send without waiting: for aborts from cleanup code, which may run while being cancelled."""
+        if self._socket is None or self._socket.closed:
+            return
+        future = self._socket.send_multipart([encode(message)])
+
+        def report(done: asyncio.Future) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                log.warning("%s: could not send %s to %s: %s", self.name, type(message).__name__,
+                            self.address, done.exception())
+
+        future.add_done_callback(report)
+
+    async def _dispatch(self) -> None:
+        assert self._socket is not None
+        try:
+            while True:
+                frames = await self._socket.recv_multipart()
+                try:
+                    message = decode(frames[0])
+                except CodecError as e:
+                    log.warning("%s: dropping a bad message from %s: %s", self.name, self.address, e)
+                    continue
+                self._route(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the socket broke: every waiter must hear of it
+            self._failure = ClientError(f"{self.name}: receiving from the tokenizer at {self.address} "
+                                        f"failed: {e}")
+            log.error("%s", self._failure)
+            for group in {id(g): g for g in self._groups.values()}.values():
+                group._deliver(None)
+
+    def _route(self, message: object) -> None:
+        if isinstance(message, ServerInfo):
+            if self._info is not None and not self._info.done():
+                self._info.set_result(message)
+            return
+        if not isinstance(message, GenerateOutput | RequestFailed):
+            log.warning("%s: unexpected %s from %s", self.name, type(message).__name__, self.address)
+            return
+        group = self._groups.get(message.request_id)
+        if group is None:
+            return  # a request its caller gave up on; late outputs are dropped
+        if isinstance(message, RequestFailed) or message.finished:
+            del self._groups[message.request_id]
+        group._deliver(message)
