@@ -1,0 +1,467 @@
+"""`python -m benchmarks.load`: drive a running Cadence server and report its latency and throughput.
+
+    cadence serve --model qwen3-14b --load-format dummy &
+    python -m benchmarks.load --dataset random --num-prompts 1000 --input-len 1784 --output-len 256 \\
+        --max-concurrency 302 --out c302.json --plots plots/
+
+Requests arrive at --request-rate per second (gamma-distributed gaps, --burstiness 1 = Poisson;
+inf = all at once), at most --max-concurrency in flight. Every request streams; the report has
+TTFT (time to the first token), TPOT (time per output token after the first), ITL (gaps between
+chunks) and end-to-end latency as mean/median/p90/p99/max, token throughputs, the prefix-cache hit
+rate over the run (from the server's counters) and KV-cache usage sampled during the run.
+Warm-up requests run first and are left out of every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.backends import HttpBackend, RequestTiming, ServerGauges, ZmqBackend
+from benchmarks.datasets import (
+    RequestSpec,
+    ideal_prefix_hit_rate,
+    multi_turn_dataset,
+    random_dataset,
+    shared_prefix_dataset,
+)
+
+_GAUGE_EVERY_S = 0.5
+# The scheduler reports its counters every 0.2 s; a sample this long after the run includes it all.
+_COUNTERS_SETTLE_S = 0.5
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.load",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--base-url",
+        default="http://127.0.0.1:8000",
+        help="the server's HTTP address (http backend; default %(default)s)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("http", "zmq"),
+        default="http",
+        help="http: the OpenAI API; zmq: the native client on --zmq-address (default http)",
+    )
+    p.add_argument("--zmq-address", help="the tokenizer's ZeroMQ address, printed by the server at start")
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer <key>' (http backend)")
+    p.add_argument(
+        "--dataset",
+        choices=("random", "shared-prefix", "multi-turn"),
+        default="random",
+        help="the workload (default random)",
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=100,
+        help="requests to send, warm-up excluded (random; default %(default)s)",
+    )
+    p.add_argument("--input-len", type=int, default=1024, help="prompt tokens (random; default %(default)s)")
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=128,
+        help="tokens each request asks for, with ignore_eos (every dataset; default %(default)s)",
+    )
+    p.add_argument(
+        "--range-ratio",
+        type=float,
+        default=0.0,
+        help="random: lengths drawn uniformly within +- this fraction (default 0: exact)",
+    )
+    p.add_argument(
+        "--groups", type=int, default=64, help="shared-prefix: system prompts (default %(default)s)"
+    )
+    p.add_argument(
+        "--prompts-per-group",
+        type=int,
+        default=16,
+        help="shared-prefix: questions per system prompt (default %(default)s)",
+    )
+    p.add_argument(
+        "--system-len",
+        type=int,
+        default=2048,
+        help="shared-prefix: tokens of each system prompt (default %(default)s)",
+    )
+    p.add_argument(
+        "--question-len",
+        type=int,
+        default=128,
+        help="shared-prefix: tokens of each question (default %(default)s)",
+    )
+    p.add_argument(
+        "--conversations", type=int, default=32, help="multi-turn: conversations (default %(default)s)"
+    )
+    p.add_argument("--turns", type=int, default=4, help="multi-turn: user turns each (default %(default)s)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="the server's KV page size, for the ideal shared-prefix hit rate (default %(default)s)",
+    )
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="requests (multi-turn: conversations) per second; inf sends all at once (default)",
+    )
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the arrival gaps: 1 = Poisson, < 1 burstier, > 1 steadier",
+    )
+    p.add_argument(
+        "--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)"
+    )
+    p.add_argument("--warmup", type=int, default=2, help="requests sent and discarded first (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="dataset and arrivals (default 0)")
+    p.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds one request may take (default 3600)"
+    )
+    p.add_argument("--out", help="write the whole result as JSON to this path")
+    p.add_argument("--plots", help="write PNG plots (latency CDFs, throughput and KV usage over time) here")
+    p.add_argument("--label", default="", help="a name for this run in the JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def build_dataset(args: argparse.Namespace) -> list[RequestSpec]:
+    if args.dataset == "random":
+        return random_dataset(args.num_prompts, args.input_len, args.output_len, args.range_ratio, args.seed)
+    if args.dataset == "shared-prefix":
+        return shared_prefix_dataset(
+            args.groups,
+            args.prompts_per_group,
+            args.system_len,
+            args.question_len,
+            args.output_len,
+            args.seed,
+        )
+    return multi_turn_dataset(args.conversations, args.turns, 12, args.output_len, args.seed)
+
+
+class LoadRun:
+    """One run: arrivals, the concurrency limit, per-request timings and gauge samples."""
+
+    def __init__(self, args: argparse.Namespace, backend) -> None:
+        self.args = args
+        self.backend = backend
+        self.limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.timings: list[tuple[RequestSpec, RequestTiming]] = []
+        self.gauges: list[tuple[float, ServerGauges]] = []
+        self.progress = None
+
+    async def send(self, spec: RequestSpec, history: list[dict] | None = None) -> RequestTiming:
+        if self.limit is not None:
+            await self.limit.acquire()
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            timing = await self.backend.send(spec, history)
+        finally:
+            self.in_flight -= 1
+            if self.limit is not None:
+                self.limit.release()
+        self.timings.append((spec, timing))
+        if self.progress is not None:
+            self.progress.update(1)
+        return timing
+
+    async def conversation(self, turns: list[RequestSpec]) -> None:
+        history: list[dict] = []
+        for spec in turns:
+            history.append({"role": "user", "content": spec.question})
+            timing = await self.send(spec, list(history))
+            if not timing.ok:
+                return
+            history.append({"role": "assistant", "content": timing.text})
+
+    async def sample_gauges(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            gauges = await self.backend.gauges()
+            if gauges is not None:
+                self.gauges.append((time.perf_counter(), gauges))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _GAUGE_EVERY_S)
+
+    async def run(self, specs: list[RequestSpec]) -> float:
+        """Send every request on its arrival schedule; returns the run's duration in seconds."""
+        units: list[list[RequestSpec]] = _units(specs)
+        rng = np.random.default_rng(self.args.seed + 1)
+        rate = self.args.request_rate
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(self.sample_gauges(stop))
+        start = time.perf_counter()
+        tasks = []
+        for unit in units:
+            if len(unit) == 1 and unit[0].question is None:
+                tasks.append(asyncio.create_task(self.send(unit[0])))
+            else:
+                tasks.append(asyncio.create_task(self.conversation(unit)))
+            if math.isfinite(rate):
+                shape = self.args.burstiness
+                await asyncio.sleep(rng.gamma(shape, 1.0 / (rate * shape)))
+        await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        stop.set()
+        await sampler
+        return duration
+
+
+def _units(specs: list[RequestSpec]) -> list[list[RequestSpec]]:
+    """Requests that arrive on their own, and conversations whose turns run in order."""
+    conversations: dict[int, list[RequestSpec]] = {}
+    units = []
+    for spec in specs:
+        if spec.conversation < 0:
+            units.append([spec])
+        else:
+            if spec.conversation not in conversations:
+                conversations[spec.conversation] = []
+                units.append(conversations[spec.conversation])
+            conversations[spec.conversation].append(spec)
+    return units
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {k: 0.0 for k in ("mean", "median", "p90", "p99", "max")}
+    a = np.asarray(values)
+    return {
+        "mean": float(a.mean()),
+        "median": float(np.median(a)),
+        "p90": float(np.percentile(a, 90)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+    }
+
+
+def summarize(
+    run: LoadRun,
+    duration_s: float,
+    args: argparse.Namespace,
+    gauges_before: ServerGauges | None,
+    run_start_s: float,
+) -> dict:
+    done = [(s, t) for s, t in run.timings if t.ok]
+    failed = [t for _, t in run.timings if not t.ok]
+    ttft = [(t.chunk_s[0] - t.sent_s) * 1e3 for _, t in done if t.chunk_s]
+    tpot = [
+        (t.done_s - t.chunk_s[0]) * 1e3 / (t.output_tokens - 1)
+        for _, t in done
+        if t.chunk_s and t.output_tokens > 1
+    ]
+    itl = [gap * 1e3 for _, t in done for gap in np.diff(t.chunk_s)]
+    e2e = [(t.done_s - t.sent_s) * 1e3 for _, t in done]
+    input_tokens = sum(t.prompt_tokens for _, t in done)
+    output_tokens = sum(t.output_tokens for _, t in done)
+    usage = [g.kv_cache_usage for _, g in run.gauges]
+    hit_rate = None
+    if run.gauges and gauges_before is not None:
+        last = run.gauges[-1][1]
+        queries = last.prefix_cache_queries - gauges_before.prefix_cache_queries
+        hits = last.prefix_cache_hits - gauges_before.prefix_cache_hits
+        hit_rate = hits / queries if queries > 0 else 0.0
+    result = {
+        "label": args.label,
+        "backend": args.backend,
+        "dataset": args.dataset,
+        "settings": {
+            k: v if not (isinstance(v, float) and math.isinf(v)) else "inf" for k, v in vars(args).items()
+        },
+        "completed": len(done),
+        "failed": len(failed),
+        "errors": sorted({t.error or "no tokens" for t in failed})[:10],
+        "duration_s": duration_s,
+        "request_throughput": len(done) / duration_s,
+        "input_throughput": input_tokens / duration_s,
+        "output_throughput": output_tokens / duration_s,
+        "total_token_throughput": (input_tokens + output_tokens) / duration_s,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "ttft_ms": _stats(ttft),
+        "tpot_ms": _stats(tpot),
+        "itl_ms": _stats(itl),
+        "e2e_ms": _stats(e2e),
+        "max_concurrency_reached": run.max_in_flight,
+        "prefix_cache_hit_rate": hit_rate,
+        "prefix_cache_hit_rate_from_usage": (
+            sum(t.cached_tokens for _, t in done) / input_tokens if input_tokens else 0.0
+        ),
+        "kv_cache_usage": {
+            "mean": float(np.mean(usage)) if usage else None,
+            "peak": float(np.max(usage)) if usage else None,
+            "samples": len(usage),
+        },
+        "requests": [
+            {
+                "prompt_tokens": t.prompt_tokens,
+                "output_tokens": t.output_tokens,
+                "cached_tokens": t.cached_tokens,
+                "sent_s": t.sent_s - run_start_s,
+                "ttft_ms": (t.chunk_s[0] - t.sent_s) * 1e3 if t.chunk_s else None,
+                "e2e_ms": (t.done_s - t.sent_s) * 1e3 if t.done_s else None,
+                "error": t.error,
+            }
+            for _, t in run.timings
+        ],
+        "kv_usage_over_time": [(ts - run_start_s, g.kv_cache_usage) for ts, g in run.gauges],
+        "token_times_s": sorted(c - run_start_s for _, t in done for c in t.chunk_s),
+    }
+    if args.dataset == "shared-prefix":
+        result["ideal_prefix_cache_hit_rate"] = ideal_prefix_hit_rate(
+            args.groups, args.prompts_per_group, args.system_len, args.question_len, args.block_size
+        )
+    return result
+
+
+def print_table(result: dict) -> None:
+    rows = [
+        ("completed / failed", f"{result['completed']} / {result['failed']}"),
+        ("duration", f"{result['duration_s']:.2f} s"),
+        ("max concurrency reached", str(result["max_concurrency_reached"])),
+        ("request throughput", f"{result['request_throughput']:.2f} req/s"),
+        ("input / output tokens", f"{result['total_input_tokens']} / {result['total_output_tokens']}"),
+        ("input throughput", f"{result['input_throughput']:.1f} tok/s"),
+        ("output throughput", f"{result['output_throughput']:.1f} tok/s"),
+        ("total token throughput", f"{result['total_token_throughput']:.1f} tok/s"),
+    ]
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        s = result[name]
+        rows.append(
+            (
+                name.replace("_ms", "").upper() + " mean/median/p99 (ms)",
+                f"{s['mean']:.1f} / {s['median']:.1f} / {s['p99']:.1f}",
+            )
+        )
+    hit = result["prefix_cache_hit_rate"]
+    rows.append(("prefix cache hit rate", "n/a" if hit is None else f"{hit:.1%}"))
+    if "ideal_prefix_cache_hit_rate" in result:
+        rows.append(("ideal hit rate", f"{result['ideal_prefix_cache_hit_rate']:.1%}"))
+    kv = result["kv_cache_usage"]
+    if kv["mean"] is not None:
+        rows.append(("KV cache usage mean / peak", f"{kv['mean']:.1%} / {kv['peak']:.1%}"))
+    width = max(len(r[0]) for r in rows)
+    print("=" * (width + 24))
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    print("=" * (width + 24))
+    if result["errors"]:
+        print("errors:", *result["errors"], sep="\n  ")
+
+
+def write_plots(result: dict, directory: str) -> list[str]:
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, (name, key) in zip(axes, (("TTFT", "ttft_ms"), ("E2E latency", "e2e_ms"), ("TPOT", None))):
+        if key is not None:
+            values = sorted(r[key] for r in result["requests"] if r[key] is not None)
+        else:
+            values = sorted(
+                (r["e2e_ms"] - r["ttft_ms"]) / (r["output_tokens"] - 1)
+                for r in result["requests"]
+                if r["e2e_ms"] and r["ttft_ms"] and r["output_tokens"] > 1
+            )
+        if values:
+            ax.plot(values, np.arange(1, len(values) + 1) / len(values))
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"latency CDFs {result['label']}")
+    paths.append(os.path.join(directory, "latency_cdf.png"))
+    fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax1 = plt.subplots(figsize=(10, 4))
+    times = np.asarray(result["token_times_s"])
+    if len(times):
+        bins = np.arange(0, times.max() + 1.0, 1.0)
+        counts, edges = np.histogram(times, bins=bins if len(bins) > 1 else 1)
+        ax1.plot(edges[:-1], counts, label="output tokens/s")
+    ax1.set_xlabel("time (s)")
+    ax1.set_ylabel("output tokens per second")
+    ax2 = ax1.twinx()
+    if result["kv_usage_over_time"]:
+        t, u = zip(*result["kv_usage_over_time"])
+        ax2.plot(t, np.asarray(u) * 100, color="tab:red", label="KV usage %")
+    ax2.set_ylabel("KV cache usage (%)")
+    fig.legend(loc="upper right")
+    paths.append(os.path.join(directory, "throughput_kv.png"))
+    fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    if args.backend == "zmq":
+        if not args.zmq_address:
+            raise SystemExit("--backend zmq needs --zmq-address (the server prints it at start)")
+        backend = ZmqBackend(args.zmq_address, args.timeout)
+    else:
+        backend = HttpBackend(args.base_url, args.api_key, args.timeout)
+    await backend.start()
+    try:
+        specs = build_dataset(args)
+        warm = LoadRun(args, backend)
+        warmup = random_dataset(args.warmup, 16, 4, 0.0, args.seed + 99) if args.warmup else []
+        await asyncio.gather(*(warm.send(s) for s in warmup))
+        run = LoadRun(args, backend)
+        if not args.no_progress:
+            from tqdm import tqdm
+
+            run.progress = tqdm(total=len(specs), desc=f"{args.dataset} load", file=sys.stderr)
+        await asyncio.sleep(_COUNTERS_SETTLE_S)  # the counters include the warm-up
+        before = await backend.gauges()
+        start = time.perf_counter()
+        duration = await run.run(specs)
+        if run.progress is not None:
+            run.progress.close()
+        await asyncio.sleep(_COUNTERS_SETTLE_S)  # the server's counters include the last requests
+        final = await backend.gauges()
+        if final is not None:
+            run.gauges.append((time.perf_counter(), final))
+        return summarize(run, duration, args, before, start)
+    finally:
+        await backend.close()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    result = asyncio.run(main_async(args))
+    print_table(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.plots:
+        for path in write_plots(result, args.plots):
+            print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

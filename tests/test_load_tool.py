@@ -1,0 +1,96 @@
+"""`python -m benchmarks.load` against a real system on the CPU: counts, keys, hit rates, plots, --help."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from system_client import tiny_config
+
+from benchmarks import load
+from benchmarks.datasets import ideal_prefix_hit_rate, random_dataset, shared_prefix_dataset
+from procs.launcher import Launcher, LaunchOptions
+
+REQUIRED_KEYS = (
+    "completed",
+    "failed",
+    "duration_s",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "ttft_ms",
+    "tpot_ms",
+    "itl_ms",
+    "e2e_ms",
+    "max_concurrency_reached",
+    "prefix_cache_hit_rate",
+    "kv_cache_usage",
+    "requests",
+)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Launcher(
+        tiny_config(max_model_len=1024, num_pages=1024), LaunchOptions(startup_timeout_s=120)
+    ) as launcher:
+        yield launcher.endpoints.tokenizer_frontend
+
+
+def _run(address: str, *flags: str) -> dict:
+    return load.main(["--backend", "zmq", "--zmq-address", address, "--no-progress", "--warmup", "1", *flags])
+
+
+def test_random_workload_costs_exactly_what_it_says(server, tmp_path):
+    out = tmp_path / "r.json"
+    flags = "--dataset random --num-prompts 12 --input-len 40 --output-len 6 --max-concurrency 4"
+    result = _run(server, *flags.split(), "--out", str(out), "--plots", str(tmp_path / "plots"))
+    assert json.loads(out.read_text())["completed"] == 12
+    for key in REQUIRED_KEYS:
+        assert key in result, key
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert set(result[name]) == {"mean", "median", "p90", "p99", "max"}
+        assert 0 < result[name]["median"] <= result[name]["max"]
+    assert result["failed"] == 0
+    assert result["total_input_tokens"] == 12 * 40 and result["total_output_tokens"] == 12 * 6
+    assert result["max_concurrency_reached"] == 4
+    assert result["ttft_ms"]["max"] <= result["e2e_ms"]["max"]
+    assert result["kv_cache_usage"]["samples"] >= 1
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["latency_cdf.png", "throughput_kv.png"]
+
+
+def test_shared_prefix_workload_hits_the_cache_when_groups_arrive_over_time(server):
+    flags = ("--dataset shared-prefix --groups 2 --prompts-per-group 4 --system-len 64 --question-len 8 "
+             "--output-len 2 --max-concurrency 1")
+    result = _run(server, *flags.split())
+    ideal = ideal_prefix_hit_rate(2, 4, 64, 8, 16)
+    assert result["completed"] == 8
+    assert result["prefix_cache_hit_rate"] == pytest.approx(ideal, abs=0.02)
+    assert result["ideal_prefix_cache_hit_rate"] == pytest.approx(ideal)
+
+
+def test_multi_turn_conversations_extend_their_history(server):
+    result = _run(server, *["--dataset", "multi-turn", "--conversations", "2", "--turns", "3", "--output-len", "4"])
+    assert result["completed"] == 6
+    by_turn = sorted(r["prompt_tokens"] for r in result["requests"])
+    assert by_turn[-1] > by_turn[0]  # later turns carry the history
+    assert result["prefix_cache_hit_rate"] > 0.2
+
+
+def test_datasets_have_the_asked_shapes():
+    specs = random_dataset(50, 100, 10, 0.5, seed=1)
+    assert all(50 <= s.prompt_len <= 150 and 5 <= s.output_len <= 15 for s in specs)
+    shared = shared_prefix_dataset(3, 5, 32, 4, 7, seed=2)
+    assert len(shared) == 15 and {s.prompt_len for s in shared} == {36}
+    by_group = {}
+    for s in shared:
+        by_group.setdefault(s.group, set()).add(tuple(s.prompt_token_ids[:32]))
+    assert all(len(prefixes) == 1 for prefixes in by_group.values())
+
+
+def test_help_explains_every_flag():
+    parser = load.build_parser()
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help and len(action.help) > 10, f"{action.option_strings} has no help"
