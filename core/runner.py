@@ -13,8 +13,8 @@ import time
 import numpy as np
 import torch
 
+from core.attention import make_backend
 from core.attention.backend import AttentionBackend, AttentionMetadata
-from core.attention.reference import ReferenceAttention
 from core.config import EngineConfig
 from core.distributed import TPGroup
 from core.kv.kv_cache import KVCache
@@ -58,7 +58,8 @@ class ModelRunner:
         self.tp = tp = tp or TPGroup()
         self.device = torch.device(config.device)
         self.dtype = TORCH_DTYPES[config.model.dtype]
-        self.backend = backend or ReferenceAttention()
+        default_backend = "triton" if self.device.type == "cuda" else "reference"
+        self.backend = backend or make_backend(default_backend, self.device)
         self.model = build_model(config, tp, show_progress=show_progress)
         self.sampler = Sampler()
         # The fraction of the card this runner may plan with: 1/N when N executors share one card.

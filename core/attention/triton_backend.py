@@ -1,0 +1,135 @@
+"""TritonAttention: the attention backend for GPUs, built from three Triton kernels.
+
+Each layer's forward writes the step's K/V into the pages in one launch (triton_kv_write.py), then
+attends: requests with one query token go to the split-KV decode kernel (triton_decode.py), the
+others to the causal extend kernel (triton_extend.py). A decode-only step launches no extend kernel
+and a prefill-only step no decode kernel. Outputs equal ReferenceAttention's within rounding.
+
+What depends only on the step (which requests decode, how to split their contexts, the extend
+tiles and the split scratch buffers) is computed from the metadata's host arrays on the first
+layer and reused by the others: no host sync and no per-request Python loop in forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from core.attention.backend import AttentionBackend, AttentionMetadata
+from core.attention.triton_decode import (
+    MIN_SPLIT_TOKENS,
+    DecodeSplits,
+    decode_attention,
+    decode_tiles,
+    plan_splits,
+)
+from core.attention.triton_extend import ExtendTiles, extend_attention, extend_tiles, extend_work_list
+from core.attention.triton_kv_write import write_kv_paged
+
+# The Triton interpreter (CPU) runs programs one after another: a few "SMs" keep test launches small.
+INTERPRETER_NUM_SMS = 4
+# CUDA's limit on the second grid dimension, which counts extend tiles.
+MAX_GRID_Y = 65535
+
+
+@dataclass(frozen=True)
+class _StepLaunch:
+    """How this step's attention is launched; built once per step (per AttentionMetadata)."""
+
+    meta: AttentionMetadata  # the step it belongs to, compared by identity
+    shape_key: tuple  # (q_heads, kv_heads, head_dim, dtype, device) it was sized for
+    splits: DecodeSplits | None  # None: no request decodes this step
+    partial_out: torch.Tensor | None  # float32 [B, q_heads, num_splits, head_dim] when split
+    partial_lse: torch.Tensor | None  # float32 [B, q_heads, num_splits]
+    tiles: ExtendTiles | None  # None: no request has two or more queries
+    work: torch.Tensor | None  # int32 [2, num_tiles] on the device
+
+
+class TritonAttention(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, device: torch.device | str | None = None,
+                 min_split_tokens: int = MIN_SPLIT_TOKENS) -> None:
+        device = torch.device(device if device is not None else "cuda")
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
+        else:
+            self.num_sms = INTERPRETER_NUM_SMS
+        self.min_split_tokens = min_split_tokens
+        self._step: _StepLaunch | None = None
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        write_kv_paged(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend(q, k_cache, v_cache, meta, scale)
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+               scale: float) -> torch.Tensor:
+        """Attention of every query over its request's pages (K/V already written): [T, q_heads, head_dim]."""
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if q.shape[0] == 0:
+            return out
+        step = self._launch_for(q, k_cache, v_cache, meta)
+        if step.splits is not None:
+            decode_attention(q, k_cache, v_cache, out, meta.block_table, meta.seq_lens, meta.query_start,
+                             scale, step.splits, step.partial_out, step.partial_lse)
+        if step.tiles is not None:
+            extend_attention(q, k_cache, v_cache, out, meta.block_table, meta.seq_lens, meta.query_start,
+                             scale, step.work, step.tiles)
+        return out
+
+    def _launch_for(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata) -> _StepLaunch:
+        shape_key = (q.shape[1], k_cache.shape[2], q.shape[2], k_cache.dtype, q.device)
+        step = self._step
+        if step is not None and step.meta is meta and step.shape_key == shape_key:
+            return step
+        _check_shapes(q, k_cache, v_cache)
+        self._step = step = self._plan_step(q, k_cache, meta, shape_key)
+        return step
+
+    def _plan_step(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata,
+                   shape_key: tuple) -> _StepLaunch:
+        num_q_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = k_cache.shape[2]
+        query_lens = np.diff(meta.query_start_cpu)
+        num_reqs = len(query_lens)
+        decodes = query_lens == 1
+        splits = partial_out = partial_lse = None
+        if decodes.any():
+            longest = int(meta.seq_lens_cpu[decodes].max())
+            splits = plan_splits(int(decodes.sum()), num_kv_heads, longest, self.num_sms,
+                                 decode_tiles(k_cache.dtype).block_n, self.min_split_tokens)
+            if splits.num_splits > 1:
+                partial_out = torch.empty(num_reqs, num_q_heads, splits.num_splits, head_dim,
+                                          dtype=torch.float32, device=q.device)
+                partial_lse = torch.empty(num_reqs, num_q_heads, splits.num_splits,
+                                          dtype=torch.float32, device=q.device)
+        tiles = work = None
+        if (query_lens >= 2).any():
+            tiles = extend_tiles(k_cache.dtype, int(query_lens.max()))
+            work_cpu = extend_work_list(meta.query_start_cpu, meta.seq_lens_cpu, tiles.block_m)
+            if work_cpu.shape[1] > MAX_GRID_Y:
+                raise ValueError(f"step has {work_cpu.shape[1]} extend tiles of {tiles.block_m} queries; "
+                                 f"the launch grid allows {MAX_GRID_Y}")
+            work = torch.from_numpy(work_cpu).to(q.device, non_blocking=True)
+        return _StepLaunch(meta, shape_key, splits, partial_out, partial_lse, tiles, work)
+
+
+def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
+        raise ValueError(f"K cache {tuple(k_cache.shape)} / {k_cache.stride()} and V cache "
+                         f"{tuple(v_cache.shape)} / {v_cache.stride()} need equal shapes and strides "
+                         f"with head_dim contiguous")
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"q has head_dim {head_dim}, the KV cache {k_cache.shape[3]}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    if q.dtype != k_cache.dtype:
+        raise ValueError(f"q is {q.dtype} but the KV cache is {k_cache.dtype}")

@@ -1,0 +1,144 @@
+"""Paged prefill/extend attention in Triton: chunks of new queries over cached prefix plus themselves.
+
+Called by TritonAttention for the requests of a step whose query length is 2 or more. A request
+with `chunk` new tokens and context `seq_len` has its queries at positions seq_len - chunk ..
+seq_len - 1; their K/V are already in the pages (written first by the backend), so the kernel
+reads every key from pages and masks causally. Prefill is compute-bound, so this kernel is shaped
+like flash attention: a tile of BLOCK_M query rows of one head against BLOCK_N keys at a time,
+with the causal mask applied only on the tiles that cross the diagonal.
+
+The launch is a flat list of (request, query block) tiles built on the host from the plan's
+query_start, heaviest tiles first, so that no program is launched for nothing and the long
+tail of a causal prefill starts early.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from core.attention.triton_tiles import (
+    SOFTMAX_MIN,
+    dot_precision,
+    load_kv_tile,
+    next_power_of_2,
+    softmax_step,
+)
+
+
+class ExtendTiles(NamedTuple):
+    block_m: int  # query rows per program
+    block_n: int  # keys per loop iteration
+    num_warps: int
+    num_stages: int
+
+
+def extend_tiles(dtype: torch.dtype, max_query_len: int) -> ExtendTiles:
+    if dtype == torch.float32:
+        # float32 multiplies on the CUDA cores ("ieee"); larger tiles spill registers on sm_90.
+        return ExtendTiles(block_m=16, block_n=32, num_warps=8, num_stages=2)
+    if max_query_len <= 64:
+        # Short chunks (a few tokens each): a 128-row tile would be mostly padding.
+        return ExtendTiles(block_m=64, block_n=64, num_warps=4, num_stages=2)
+    # Two Hopper warpgroups (wgmma) over 128 rows: 96 KiB of shared memory, 186 registers, no spills.
+    return ExtendTiles(block_m=128, block_n=64, num_warps=8, num_stages=2)
+
+
+def extend_work_list(query_start_cpu: np.ndarray, seq_lens_cpu: np.ndarray, block_m: int) -> np.ndarray:
+    """int32 [2, num_tiles]: the request and query block of every tile, requests with query length
+    >= 2 only, sorted by how many keys the tile reads, most first."""
+    query_lens = np.diff(query_start_cpu).astype(np.int64)
+    reqs = np.flatnonzero(query_lens >= 2)
+    blocks = -(-query_lens[reqs] // block_m)
+    tile_req = np.repeat(reqs, blocks)
+    ends = np.cumsum(blocks)
+    tile_block = np.repeat(ends, blocks) - 1 - np.arange(int(ends[-1]) if len(ends) else 0)
+    prefix = seq_lens_cpu[tile_req].astype(np.int64) - query_lens[tile_req]
+    keys_read = prefix + np.minimum((tile_block + 1) * block_m, query_lens[tile_req])
+    order = np.argsort(-keys_read, kind="stable")
+    return np.stack([tile_req[order], tile_block[order]]).astype(np.int32)
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, seq_lens_ptr, query_start_ptr,
+    tile_req_ptr, tile_block_ptr, scale_log2e,
+    stride_q_tok, stride_q_head, stride_out_tok, stride_out_head,
+    stride_cache_page, stride_cache_slot, stride_cache_head, stride_table_req,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # Heads vary fastest, so the GROUP programs sharing a KV head run together and share it in L2.
+    head = tl.program_id(0)
+    tile = tl.program_id(1)
+    req = tl.load(tile_req_ptr + tile)
+    q_block = tl.load(tile_block_ptr + tile)
+    q_row0 = tl.load(query_start_ptr + req)
+    chunk = tl.load(query_start_ptr + req + 1) - q_row0
+    seq_len = tl.load(seq_lens_ptr + req)
+    prefix = seq_len - chunk  # tokens cached before this chunk
+
+    rows = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < chunk
+    q_pos = prefix + rows  # [BLOCK_M]
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < HEAD_DIM
+    io_mask = row_mask[:, None] & dim_mask[None, :]
+    q = tl.load(q_ptr + (q_row0 + rows)[:, None] * stride_q_tok + head * stride_q_head + dims[None, :],
+                mask=io_mask, other=0.0)  # [BLOCK_M, BLOCK_D]
+
+    table_row_ptr = block_table_ptr + req * stride_table_req
+    head_offset = (head // GROUP) * stride_cache_head
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], SOFTMAX_MIN, dtype=tl.float32)
+
+    # Keys 0 .. first_pos are visible to every row of the tile: whole BLOCK_N tiles of them need no mask.
+    first_pos = prefix + q_block * BLOCK_M
+    unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N
+    kv_end = tl.minimum(prefix + (q_block + 1) * BLOCK_M, seq_len)  # one past the last row's position
+    for tok0 in range(0, unmasked_end, BLOCK_N):
+        toks = tok0 + tl.arange(0, BLOCK_N)
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, toks < kv_end, dims,
+                            dim_mask, stride_cache_page, stride_cache_slot, BLOCK_SIZE)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e  # [BLOCK_M, BLOCK_N]
+        acc, row_sum, row_max = softmax_step(acc, row_sum, row_max, scores, v, DOT_PRECISION)
+    for tok0 in range(unmasked_end, kv_end, BLOCK_N):
+        toks = tok0 + tl.arange(0, BLOCK_N)
+        tok_mask = toks < kv_end
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, tok_mask, dims,
+                            dim_mask, stride_cache_page, stride_cache_slot, BLOCK_SIZE)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e
+        visible = tok_mask[None, :] & (toks[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        acc, row_sum, row_max = softmax_step(acc, row_sum, row_max, scores, v, DOT_PRECISION)
+
+    # Every row sees key 0 (valid rows) or all keys < kv_end (padding rows), so row_sum > 0.
+    tl.store(out_ptr + (q_row0 + rows)[:, None] * stride_out_tok + head * stride_out_head + dims[None, :],
+             (acc / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start: torch.Tensor,
+                     scale: float, work: torch.Tensor, tiles: ExtendTiles) -> None:
+    """Fill out's rows of the requests in `work` (extend_work_list, on q's device, built with
+    tiles.block_m). q, out: [T, q_heads, head_dim] with head_dim contiguous."""
+    num_tiles = work.shape[1]
+    if num_tiles == 0:
+        return
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    _extend_kernel[(num_q_heads, num_tiles)](
+        q, k_cache, v_cache, out, block_table, seq_lens, query_start,
+        work[0], work[1], scale * 1.4426950408889634,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
+        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        DOT_PRECISION=dot_precision(k_cache.dtype),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )

@@ -1,0 +1,63 @@
+"""Writing a step's new K and V rows into their pages, both in one Triton launch.
+
+Called by TritonAttention.forward before attention reads the pages. Same contract as
+`core.attention.backend.write_kv` (two torch index_copy_ calls): token t's rows go to
+slot_mapping[t] = page * block_size + offset. A negative slot means "write nothing" (padding).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from core.attention.triton_tiles import next_power_of_2
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
+    stride_cache_page, stride_cache_slot, stride_cache_head,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + tok)
+    if slot < 0:
+        return
+    page = slot // BLOCK_SIZE
+    heads = tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, BLOCK_D)
+    mask = (heads < NUM_KV_HEADS)[:, None] & (dims < HEAD_DIM)[None, :]
+    dst = page * stride_cache_page + (slot % BLOCK_SIZE) * stride_cache_slot
+    dst_offsets = dst + heads[:, None] * stride_cache_head + dims[None, :]  # [BLOCK_H, BLOCK_D]
+    k = tl.load(k_ptr + tok * stride_k_tok + heads[:, None] * stride_k_head + dims[None, :], mask=mask)
+    v = tl.load(v_ptr + tok * stride_v_tok + heads[:, None] * stride_v_head + dims[None, :], mask=mask)
+    tl.store(k_cache_ptr + dst_offsets, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst_offsets, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv_paged(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """k, v: [T, kv_heads, head_dim] (any row strides); caches [num_pages, block_size, kv_heads, head_dim]."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
+        raise ValueError(f"K and V caches need equal strides with head_dim contiguous, got "
+                         f"{k_cache.stride()} and {v_cache.stride()}")
+    block_h, block_d = next_power_of_2(num_kv_heads), next_power_of_2(head_dim)
+    _write_kv_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d,
+        BLOCK_SIZE=k_cache.shape[1],
+        # One token's K and V for 8 heads x 128 dims is 2 x 2 KiB in bf16: 16-byte accesses on 4 warps.
+        num_warps=4 if block_h * block_d >= 1024 else 1,
+    )
