@@ -26,14 +26,14 @@ from ipc.codec import CodecError, encode, message
 from ipc.endpoints import Endpoints, UnsafeRuntimeDir
 
 
-@message
+@message("test.ping")
 @dataclass(frozen=True)
 class Ping:
     seq: int
     note: str | None = None
 
 
-@message
+@message("test.pong")
 @dataclass(frozen=True)
 class Pong:
     seq: int
@@ -163,7 +163,7 @@ def test_router_dealer_round_trip_by_identity(endpoints):
 def test_router_send_to_unknown_identity_names_it(endpoints):
     with (
         RouterChannel.bind(endpoints.tokenizer_frontend, name="frontend") as router,
-        pytest.raises(ChannelError, match=r"channel frontend: cannot send Pong to identity b'ghost'"),
+        pytest.raises(ChannelError, match=r"channel frontend: cannot send test.pong to identity b'ghost'"),
     ):
         router.send(b"ghost", Pong(1))
 
@@ -181,7 +181,7 @@ def test_receive_timeout_fires_in_about_the_asked_time(endpoints):
 def test_send_without_a_peer_times_out_instead_of_hanging(endpoints):
     with (
         PushChannel.bind(endpoints.results, name="results", send_timeout_s=0.1) as push,
-        pytest.raises(ChannelTimeout, match=r"channel results: could not send Ping within 0.1 s"),
+        pytest.raises(ChannelTimeout, match=r"channel results: could not send test.ping within 0.1 s"),
     ):
         push.send(Ping(1))
 
@@ -209,7 +209,7 @@ def test_malformed_frame_does_not_kill_the_receiving_loop(endpoints):
         try:
             raw.send(encode(Ping(1)))
             raw.send(b"not json at all")
-            raw.send(orjson.dumps({"type": "Ping", "body": {"seq": "one"}}))
+            raw.send(orjson.dumps({"type": "test.ping", "body": {"seq": "one"}}))
             raw.send(orjson.dumps({"type": "Evil", "body": {}}))
             raw.send(encode(Ping(2)))
             thread.join(timeout=5.0)
@@ -230,7 +230,7 @@ def test_channel_restricted_to_types_rejects_others(endpoints):
         PushChannel.connect(endpoints.results) as push,
     ):
         push.send(Ping(1))
-        with pytest.raises(CodecError, match=r"expected Pong, got Ping"):
+        with pytest.raises(CodecError, match=r"expected Pong, got test.ping"):
             pull.recv(timeout_s=2.0)
         push.send(Pong(1))
         assert pull.recv(timeout_s=2.0) == Pong(1)

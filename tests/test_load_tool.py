@@ -71,7 +71,8 @@ def test_shared_prefix_workload_hits_the_cache_when_groups_arrive_over_time(serv
 
 
 def test_multi_turn_conversations_extend_their_history(server):
-    result = _run(server, *["--dataset", "multi-turn", "--conversations", "2", "--turns", "3", "--output-len", "4"])
+    result = _run(server, "--dataset", "multi-turn", "--conversations", "2", "--turns", "3",
+                  "--output-len", "4")
     assert result["completed"] == 6
     by_turn = sorted(r["prompt_tokens"] for r in result["requests"])
     assert by_turn[-1] > by_turn[0]  # later turns carry the history
