@@ -55,6 +55,7 @@ class Request:
         self.pages: list[int] = []  # one per block_size tokens, in order, while running
         self.slot: int | None = None  # executor slot while running
         self.cache_node: Any = None  # the radix node it locked while running
+        self.num_published_pages = 0  # leading pages in the prefix cache while running
         self.seed: int | None = None  # params.seed, or drawn by the scheduler at admission
         self.stop_reason: int | None = None  # the stop token id, when one of stop_token_ids ended it
         self.error: str | None = None  # why the engine (not the client) aborted it

@@ -210,10 +210,14 @@ class Scheduler:
         logits_index = plan.logits_index.tolist()
         running = RequestStatus.RUNNING
         any_finished = False
+        publish = self.cache.enabled
+        block_size = self.block_size
         for row, (request, num_new) in enumerate(scheduled):
             if request.status is not running:
                 continue  # aborted while the step ran
             request.num_computed_tokens += num_new
+            if publish and request.num_computed_tokens // block_size > request.num_published_pages:
+                self._publish_written(request)
             if logits_index[row] < 0:
                 continue  # a prefill chunk that does not reach the end samples nothing
             token = sampled[row]
@@ -307,6 +311,7 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = match.length
         request.cache_node = match.node
+        request.num_published_pages = len(match.pages)
         self._slots.assign(request)
         self._slots.add_pages(request, match.pages + pages)
         self.running.append(request)
@@ -357,10 +362,30 @@ class Scheduler:
         self._num_preempted_waiting += 1
         self._num_preemptions += 1
 
+    def _publish_written(self, request: Request) -> None:
+        """Share a running request's newly written full pages through the prefix cache right away.
+
+        Where the tree already held those tokens (another request wrote the same prefix in the
+        same step), the request switches to the tree's pages and frees its duplicates.
+        """
+        first, num_full = request.num_published_pages, request.num_computed_tokens // self.block_size
+        block_size = self.block_size
+        match = self.cache.publish(request.all_token_ids[first * block_size : num_full * block_size],
+                                   request.pages[first:num_full], request.cache_node)
+        request.cache_node = match.node
+        for index, tree in enumerate(match.pages, start=first):
+            mine = request.pages[index]
+            if mine != tree:
+                self.pool.incref([tree])
+                self.pool.decref([mine])
+                self._slots.replace_page(request, index, tree)
+        request.num_published_pages = num_full
+
     def _release(self, request: Request, publish: bool) -> None:
         """Give back a running request's pages and slot; `publish`: its written full pages go to the cache."""
         self.cache.unlock(request.cache_node)
         request.cache_node = None
+        request.num_published_pages = 0
         if publish:
             # Only tokens [0, num_computed_tokens) have KV; the last sampled token has none yet.
             num_full = request.num_computed_tokens // self.block_size

@@ -51,6 +51,11 @@ class SlotTable:
         self.block_table[request.slot, start : start + len(pages)] = pages
         request.pages.extend(pages)
 
+    def replace_page(self, request: Request, index: int, page: int) -> None:
+        """Swap a request's page for another holding the same tokens (the prefix cache's copy)."""
+        request.pages[index] = page
+        self.block_table[request.slot, index] = page
+
     def release(self, request: Request) -> None:
         self.block_table[request.slot, : len(request.pages)] = 0
         self._free.append(request.slot)

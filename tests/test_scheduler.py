@@ -342,6 +342,32 @@ def test_a_preempted_request_goes_first_and_its_recompute_hits_the_cache():
     assert new.num_preemptions >= 1 and old.num_preemptions == 0
 
 
+def test_written_pages_are_shared_while_their_writer_still_runs():
+    scheduler, runner = make_scheduler(max_num_batched_tokens=16)
+    first = add(scheduler, "first", prompt(3, 40), max_tokens=8, ignore_eos=True)
+    outcome = Outcome()
+    step(scheduler, runner, outcome)  # the first 16 prompt tokens: four full pages, published
+    second = add(scheduler, "second", prompt(3, 40), max_tokens=8, ignore_eos=True)
+    step_until(scheduler, runner, outcome, lambda: second.status is RequestStatus.RUNNING)
+    assert first.status is RequestStatus.RUNNING
+    assert second.num_cached_tokens >= 16, "the second request did not reuse the first one's pages"
+    shared = set(first.pages) & set(second.pages)
+    assert len(shared) >= 4 and all(scheduler.pool.refcount(p) == 2 for p in shared)
+    assert_reference_tokens(scheduler, drive(scheduler, runner, outcome), [first, second])
+
+
+def test_same_prefix_written_in_one_step_keeps_one_copy():
+    scheduler, runner = make_scheduler(max_num_batched_tokens=64)
+    a = add(scheduler, "a", prompt(4, 20), max_tokens=4, ignore_eos=True)
+    b = add(scheduler, "b", prompt(4, 20), max_tokens=4, ignore_eos=True)
+    outcome = Outcome()
+    step(scheduler, runner, outcome)  # both prefill together: neither could match the other
+    assert a.pages[:5] == b.pages[:5], "the later writer should switch to the tree's copy"
+    assert scheduler.cache.num_pages == 5
+    assert_reference_tokens(scheduler, drive(scheduler, runner, outcome), [a, b])
+    assert scheduler.pool.num_owned == 0
+
+
 # --- aborts ----------------------------------------------------------------------------------------
 
 
@@ -359,8 +385,9 @@ def _reach(state: str) -> tuple[Scheduler, FakeRunner, Outcome, Request, list[Re
         victim = add(scheduler, "victim", prompt(9, 40, prefix=prompt(0, 6)), max_tokens=12, ignore_eos=True)
         done = {
             "waiting": lambda: scheduler.running and victim.status is RequestStatus.WAITING,
+            # Past the prefix it shares with other0 (whose copy it switched to), into pages of its own.
             "mid-prefill": lambda: (victim.status is RequestStatus.RUNNING
-                                    and 0 < victim.num_computed_tokens < victim.prompt_len),
+                                    and 12 <= victim.num_computed_tokens < victim.prompt_len),
             "decoding": lambda: victim.num_output_tokens >= 2,
         }[state]
     outcome = Outcome()
@@ -435,8 +462,12 @@ def test_a_failed_step_publishes_nothing_to_the_prefix_cache():
     scheduler, runner = make_scheduler(max_num_batched_tokens=16, fail_at_step=2)
     add(scheduler, "r", prompt(1, 60), max_tokens=4)
     outcome = drive(scheduler, runner)
-    assert outcome.final["r"].error and scheduler.pool.num_cached == 0
-    assert scheduler.pool.num_free == scheduler.pool.num_pages
+    assert outcome.final["r"].error
+    # The two good steps' 32 tokens were shared as they were written; the failed step's are not.
+    assert scheduler.pool.num_cached == 32 // 4 and scheduler.pool.num_owned == 0
+    assert scheduler.cache.match(prompt(1, 60)).length == 32
+    scheduler.pool.check()
+    scheduler.cache.check()
 
 
 # --- stopping --------------------------------------------------------------------------------------

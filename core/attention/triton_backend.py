@@ -7,7 +7,7 @@ and a prefill-only step no decode kernel. Outputs equal ReferenceAttention's wit
 
 What depends only on the step (which requests decode, how to split their contexts, the extend
 tiles and the split scratch buffers) is computed from the metadata's host arrays on the first
-layer and reused by the others: no host sync and no per-request Python loop in forward.
+layer and reused by the others: forward never waits for the GPU and has no per-request Python loop.
 """
 
 from __future__ import annotations
@@ -116,7 +116,10 @@ class TritonAttention(AttentionBackend):
             if work_cpu.shape[1] > MAX_GRID_Y:
                 raise ValueError(f"step has {work_cpu.shape[1]} extend tiles of {tiles.block_m} queries; "
                                  f"the launch grid allows {MAX_GRID_Y}")
-            work = torch.from_numpy(work_cpu).to(q.device, non_blocking=True)
+            work = torch.from_numpy(work_cpu)
+            if q.device.type == "cuda":
+                work = work.pin_memory()  # so the copy below is truly asynchronous
+            work = work.to(q.device, non_blocking=True)
         return _StepLaunch(meta, shape_key, splits, partial_out, partial_lse, tiles, work)
 
 

@@ -7,6 +7,9 @@ The scheduler calls:
   (a node where the match ends inside it is split, so the match ends on a node);
 * `lock(node)` / `unlock(node)` around the time a request uses the matched path: locked pages are
   never evicted;
+* `publish(token_ids, pages, locked)` after every step, with a running request's FULL pages whose KV
+  is written: they join the tree at once, so requests admitted later share them while their owner
+  still runs, and the owner's lock moves down to the node that ends them;
 * `insert(token_ids, pages)` when a request finishes or is preempted, with its FULL pages whose KV
   is written; pages whose tokens are already in the tree are handed back (the tree keeps its own);
 * `evict(num_pages)` when the pool runs short: unlocked leaves, least recently used first.
@@ -186,16 +189,57 @@ class RadixCache:
         and comes back (the caller frees it by dropping its reference); pages the tree takes become
         cached when their owners let go. Disabled, the tree takes nothing.
         """
+        self._check_full_pages(token_ids, pages)
+        if not self.enabled or not pages:
+            return list(pages)
+        _, tree_pages = self._insert_below(self._root, self._key(token_ids), pages)
+        return [mine for mine, theirs in zip(pages, tree_pages) if mine != theirs]
+
+    def publish(self, token_ids: Sequence[int] | np.ndarray, pages: Sequence[int], locked: _Node) -> Match:
+        """Add the next full pages of a running request that holds a lock on `locked`, the node that
+        ends its pages already in the tree; `token_ids` are the new pages' tokens. The request's
+        lock moves to the node that ends the new pages. Returns the tree's pages for the new ones
+        (where the tree already held these tokens elsewhere, the caller swaps its duplicates for
+        those), their length and the newly locked node. Disabled, nothing changes.
+        """
+        self._check_full_pages(token_ids, pages)
+        if not self.enabled or not pages:
+            return Match([], 0, locked)
+        key = self._key(token_ids)
+        self._clock += 1
+        if locked is not self._root and locked.lock_ref == 1 and not locked.children:
+            # A leaf only this request holds (a decode growing page by page): extend it in place
+            # rather than hang a chain of one-page nodes under it.
+            locked.key += key
+            locked.pages.extend(pages)
+            self._touch_path(locked)
+            self.pool.mark_cached(pages)
+            self.num_pages += len(pages)
+            return Match(list(pages), len(token_ids), locked)
+        node, tree_pages = self._insert_below(locked, key, pages)
+        self._touch_path(node)
+        self.lock(node)
+        self.unlock(locked)
+        return Match(tree_pages, len(token_ids), node)
+
+    def _touch_path(self, node: _Node) -> None:
+        """Mark `node` and its ancestors used now (a parent is never older than its children)."""
+        while node is not self._root:
+            node.last_access = self._clock
+            node = node.parent
+
+    def _check_full_pages(self, token_ids: Sequence[int] | np.ndarray, pages: Sequence[int]) -> None:
         if len(token_ids) != len(pages) * self.block_size:
             raise ValueError(
                 f"insert of {len(pages)} pages needs {len(pages) * self.block_size} tokens "
                 f"(block_size {self.block_size}), got {len(token_ids)}: only full pages go in the cache"
             )
-        if not self.enabled or not pages:
-            return list(pages)
-        key = self._key(token_ids)
+
+    def _insert_below(self, node: _Node, key: bytes, pages: Sequence[int]) -> tuple[_Node, list[int]]:
+        """Add `pages` (tokens `key`) under `node`; returns the node that ends them and the tree's
+        page for each of them (the caller's own where the tree took it)."""
         self._clock += 1
-        node, num_done, not_taken = self._root, 0, []
+        num_done, tree_pages = 0, []
         while num_done < len(pages):
             child = node.children.get(self._page_key(key, num_done))
             if child is None:
@@ -210,13 +254,12 @@ class RadixCache:
                 common = self._common_pages(child.key, key, num_done)
                 if common < len(child.pages):
                     child = self._split(child, common)
-                mine = pages[num_done : num_done + common]
-                not_taken.extend(page for page, theirs in zip(mine, child.pages) if page != theirs)
+            tree_pages.extend(child.pages)
             child.last_access = self._clock
             node, num_done = child, num_done + common
         self._lru.push(node)
         self._lru.compact(self.num_nodes)
-        return not_taken
+        return node, tree_pages
 
     def evict(self, num_pages: int) -> int:
         """Free up to `num_pages` unlocked pages, least recently used leaves first; returns how many.
