@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from api_http import UvicornThread
 from system_client import tiny_config
 
+from api.protocol import ServedModel
+from api.server import ApiConfig, build_app
 from benchmarks import load
 from benchmarks.datasets import ideal_prefix_hit_rate, random_dataset, shared_prefix_dataset
 from procs.launcher import Launcher, LaunchOptions
@@ -31,11 +34,19 @@ REQUIRED_KEYS = (
 
 
 @pytest.fixture(scope="module")
-def server():
-    with Launcher(
-        tiny_config(max_model_len=1024, num_pages=1024), LaunchOptions(startup_timeout_s=120)
-    ) as launcher:
-        yield launcher.endpoints.tokenizer_frontend
+def system():
+    """The system on the CPU, with the REST server in front of it: (tokenizer address, HTTP port)."""
+    config = tiny_config(max_model_len=1024, num_pages=1024)
+    with Launcher(config, LaunchOptions(startup_timeout_s=120)) as launcher:
+        address = launcher.endpoints.tokenizer_frontend
+        model = ServedModel(config.model.name, config.max_model_len, config.model.generation)
+        with UvicornThread(build_app(ApiConfig(model, address, timeout_s=60))) as http:
+            yield address, http.port
+
+
+@pytest.fixture(scope="module")
+def server(system):
+    return system[0]
 
 
 def _run(address: str, *flags: str) -> dict:
@@ -68,6 +79,21 @@ def test_shared_prefix_workload_hits_the_cache_when_groups_arrive_over_time(serv
     assert result["completed"] == 8
     assert result["prefix_cache_hit_rate"] == pytest.approx(ideal, abs=0.02)
     assert result["ideal_prefix_cache_hit_rate"] == pytest.approx(ideal)
+
+
+def test_http_backend_reports_the_same_counts_and_reads_the_hit_rate_from_metrics(system):
+    _, port = system
+    common = ["--backend", "http", "--base-url", f"http://127.0.0.1:{port}", "--no-progress", "--warmup", "1"]
+    result = load.main([*common, "--dataset", "random", "--num-prompts", "8", "--input-len", "24",
+                        "--output-len", "5", "--max-concurrency", "3"])
+    assert result["completed"] == 8 and result["failed"] == 0
+    assert result["total_input_tokens"] == 8 * 24 and result["total_output_tokens"] == 8 * 5
+    assert result["max_concurrency_reached"] == 3 and result["kv_cache_usage"]["samples"] >= 1
+    shared = load.main([*common, "--dataset", "shared-prefix", "--groups", "2", "--prompts-per-group", "3",
+                        "--system-len", "48", "--question-len", "8", "--output-len", "2",
+                        "--max-concurrency", "1", "--seed", "3"])
+    ideal = ideal_prefix_hit_rate(2, 3, 48, 8, 16)
+    assert shared["prefix_cache_hit_rate"] == pytest.approx(ideal, abs=0.02)
 
 
 def test_multi_turn_conversations_extend_their_history(server):
