@@ -6,6 +6,7 @@ and keep every run's JSON (with the exact commands) for `python -m benchmarks.re
     python -m benchmarks.suite --runs peer --out-dir results/      # transformers on the same workload
 
 Runs (the performance report's keys):
+  chat                 one conversation of two chat turns through /v1/chat/completions, 128 tokens each
   c1, c16, c64, c302   random 1,784 in / 256 out at that concurrency (c302: 1,000 prompts)
   prefix_on/off        shared-prefix: 64 groups x 16 prompts, 2,048-token system, 128 question, 256 out,
                        with the prefix cache on and off
@@ -54,6 +55,8 @@ class Run:
 
 
 RUNS = {
+    "chat": Run("chat", (), ("--dataset", "multi-turn", "--conversations", "1", "--turns", "2", "--output-len",
+                             "128"), 2),
     "c1": Run("c1", (), (*RANDOM, "--max-concurrency", "1"), 16),
     "c16": Run("c16", (), (*RANDOM, "--max-concurrency", "16"), 128),
     "c64": Run("c64", (), (*RANDOM, "--max-concurrency", "64"), 320),
