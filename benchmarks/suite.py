@@ -55,8 +55,8 @@ class Run:
 
 
 RUNS = {
-    "chat": Run("chat", (), ("--dataset", "multi-turn", "--conversations", "1", "--turns", "2", "--output-len",
-                             "128"), 2),
+    "chat": Run("chat", (), ("--dataset", "multi-turn", "--conversations", "1", "--turns", "2",
+                             "--output-len", "128"), 2),
     "c1": Run("c1", (), (*RANDOM, "--max-concurrency", "1"), 16),
     "c16": Run("c16", (), (*RANDOM, "--max-concurrency", "16"), 128),
     "c64": Run("c64", (), (*RANDOM, "--max-concurrency", "64"), 320),
