@@ -1,15 +1,21 @@
 """TritonAttention equals ReferenceAttention: the KV write puts every row in its slot, decode (split or
 not) and extend give the reference's output for any mix of requests, page layout and block size.
 
-The kernels run on the CPU through the Triton interpreter (TRITON_INTERPRET=1, set before triton is
-imported), so shapes stay small. The interpreter's bfloat16 tl.dot is wrong (triton 3.9), so
-bfloat16 attention is checked by tests/gpu/test_gpu_triton_attention.py; here float32 and float16.
-Unwritten cache slots hold NaN: a kernel that reads a slot outside its request's context fails.
+The kernels run on the CPU through the Triton interpreter, so shapes stay small. The interpreter is
+only on if TRITON_INTERPRET=1 is set before triton is first imported. Run alone, this file sets it
+itself; in a full test run an earlier module has usually imported triton already (transformers
+imports torch._dynamo, which imports triton), and then `test_kernels_in_a_fresh_interpreter`
+runs this file again in a child process. The interpreter's bfloat16 tl.dot is wrong (triton 3.9),
+so bfloat16 attention is checked by tests/gpu/test_gpu_triton_attention.py; here float32 and
+float16. Unwritten cache slots hold NaN: a kernel that reads a slot outside its request's context fails.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -43,9 +49,26 @@ from core.attention.triton_kv_write import write_kv_paged  # noqa: E402
 from core.config import CacheConfig, EngineConfig, ModelConfig  # noqa: E402
 from core.runner import ModelRunner  # noqa: E402
 
-if type(_decode_split_kernel).__name__ != "InterpretedFunction":
-    pytest.skip("the Triton kernels were imported before TRITON_INTERPRET=1 was set (run this file alone)",
-                allow_module_level=True)
+# Both triton's own library (tl.zeros, tl.max, ...) and our kernels must have been built interpreted.
+INTERPRETED = all(type(fn).__name__ == "InterpretedFunction"
+                  for fn in (triton.language.zeros, _decode_split_kernel))
+
+
+@pytest.fixture(autouse=True)
+def _kernels_run_here_or_in_the_child(request):
+    if not INTERPRETED and request.node.originalname != "test_kernels_in_a_fresh_interpreter":
+        pytest.skip("triton was imported before TRITON_INTERPRET=1; a child process runs this test")
+
+
+def test_kernels_in_a_fresh_interpreter():
+    if INTERPRETED:
+        pytest.skip("the kernels run in this process")
+    repo = Path(__file__).resolve().parent.parent
+    child = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p",
+                            "no:cacheprovider"], cwd=repo, env={**os.environ, "TRITON_INTERPRET": "1"},
+                           capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, f"{child.stdout[-6000:]}\n{child.stderr[-2000:]}"
+
 
 HEAD_DIM = 32
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3}
