@@ -154,16 +154,9 @@ def main(argv: list[str] | None = None) -> None:
                     flags, args.port, os.path.join(args.out_dir, f"server_{key}.log"), args.startup_timeout
                 )
                 server_flags = flags
-            load = [
-                "--base-url",
-                server.url,
-                *_load_flags(run, args.scale),
-                "--label",
-                key,
-                "--no-progress",
-                "--out",
-                os.path.join(args.out_dir, f"{key}.json"),
-            ]
+            # Each run its own prompts (--seed): one run's prompts are no cache hits for the next.
+            load = ["--base-url", server.url, *_load_flags(run, args.scale), "--label", key, "--no-progress",
+                    "--seed", str(list(RUNS).index(key)), "--out", os.path.join(args.out_dir, f"{key}.json")]
             print(
                 f"[suite] {key}: cadence serve {shlex.join(flags)} ; python -m benchmarks.load "
                 f"{shlex.join(load)}",
