@@ -1,0 +1,111 @@
+"""How the generalization matrix decides that two runs of one request agree.
+
+Both runs ask for logprobs (the sampled token's and the top 2). The rule depends on the dtype:
+
+* float32 (the CPU): the same token ids, position by position, the same count and finish reason,
+  and at every position the sampled token's logprob within `logprob_atol` nats (1e-3) of the
+  reference's. Another batch, chunking or TP split reorders float32 sums and moves a logprob by
+  about 1e-6; a wrong KV page moves it by 1e-2 or more even where the argmax stays the same (the
+  dummy weights' greedy output repeats one token, so the token ids alone barely see the context).
+* bfloat16 / float16 (a GPU): the same token ids up to the first position where the two runs differ.
+  There the divergence is accepted only as a near-tie: in each run the two tokens are that run's
+  top 2, and that run's top-1 and top-2 logprobs are within `tie_nats` (0.05) of each other. The
+  tokens after an accepted divergence continue different contexts and are not compared; the count
+  and finish reason still must match. Logprob differences over the agreeing prefix are reported, not
+  judged (bf16 batch shapes legitimately move them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from api.generation import Generation
+
+EXACT_DTYPES = ("float32",)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    exact: bool  # float32: token ids equal and logprobs within logprob_atol
+    logprob_atol: float = 1e-3  # nats, float32 only
+    tie_nats: float = 0.05  # a divergence in bf16/fp16 is a near-tie when top-1 - top-2 <= this
+
+    @classmethod
+    def for_dtype(cls, dtype: str, logprob_atol: float = 1e-3, tie_nats: float = 0.05) -> Tolerance:
+        return cls(exact=dtype in EXACT_DTYPES, logprob_atol=logprob_atol, tie_nats=tie_nats)
+
+    def describe(self) -> str:
+        if self.exact:
+            return (f"token ids, count and finish identical; sampled-token logprobs within "
+                    f"{self.logprob_atol:g} nats")
+        return (f"token ids identical up to a near-tie (both runs' top-1 and top-2 logprobs within "
+                f"{self.tie_nats:g} nats, the two tokens being each run's top 2); count and finish identical")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    ok: bool
+    message: str = ""  # why not; or, when ok, a note such as an accepted near-tie
+    max_logprob_diff: float | None = None  # over the positions compared, when both have logprobs
+
+
+def compare(reference: Generation, actual: Generation, tolerance: Tolerance) -> Agreement:
+    """Whether `actual` reproduces `reference` under `tolerance`; the message names the position."""
+    if actual.refused is not None or actual.error is not None:
+        return Agreement(False, f"ended with an error: {actual.error}")
+    ref_ids, ids = reference.token_ids, actual.token_ids
+    first = next((i for i, (a, b) in enumerate(zip(ref_ids, ids)) if a != b), None)
+    diff = _max_logprob_diff(reference, actual, first if first is not None else min(len(ref_ids), len(ids)))
+    note = ""
+    if first is not None:
+        if tolerance.exact:
+            return Agreement(False, f"token {first} is {ids[first]} where the reference has {ref_ids[first]} "
+                                    f"({_window(ref_ids, first)} vs {_window(ids, first)})", diff)
+        tie = _near_tie(reference, actual, first, tolerance.tie_nats)
+        if tie is not None:
+            return Agreement(False, f"token {first} is {ids[first]} where the reference has "
+                                    f"{ref_ids[first]}, and it is no near-tie: {tie}", diff)
+        note = f"diverged at token {first} after a near-tie"
+    if len(ids) != len(ref_ids):
+        return Agreement(False, f"{len(ids)} tokens where the reference has {len(ref_ids)}", diff)
+    if actual.finish_reason != reference.finish_reason:
+        return Agreement(False, f"finish_reason {actual.finish_reason!r} where the reference has "
+                                f"{reference.finish_reason!r}", diff)
+    if tolerance.exact and diff is not None and diff > tolerance.logprob_atol:
+        where = _worst_logprob_position(reference, actual)
+        return Agreement(False, f"the logprob of token {where} differs from the reference's by {diff:.3g} "
+                                f"nats (> {tolerance.logprob_atol:g}) though the ids agree", diff)
+    return Agreement(True, note, diff)
+
+
+def _near_tie(reference: Generation, actual: Generation, position: int, tie_nats: float) -> str | None:
+    """None when the two runs' tokens at `position` are a near-tie in both runs; else why not."""
+    mine, theirs = reference.token_ids[position], actual.token_ids[position]
+    for name, run in (("reference", reference), ("this run", actual)):
+        tops = run.top_logprobs
+        if tops is None or len(tops) <= position or len(tops[position]) < 2:
+            return f"{name} has no top-2 logprobs at token {position}"
+        first, second = tops[position][0], tops[position][1]
+        if {first.token_id, second.token_id} != {mine, theirs}:
+            return (f"{name}'s top 2 at token {position} are {first.token_id} and {second.token_id}, "
+                    f"not the two tokens {mine} and {theirs}")
+        gap = abs(first.logprob - second.logprob)
+        if gap > tie_nats:
+            return f"{name}'s top-1 and top-2 logprobs are {gap:.3g} nats apart (> {tie_nats:g})"
+    return None
+
+
+def _max_logprob_diff(reference: Generation, actual: Generation, upto: int) -> float | None:
+    if reference.logprobs is None or actual.logprobs is None:
+        return None
+    pairs = list(zip(reference.logprobs[:upto], actual.logprobs[:upto]))
+    return max((abs(a - b) for a, b in pairs), default=0.0)
+
+
+def _worst_logprob_position(reference: Generation, actual: Generation) -> int:
+    diffs = [abs(a - b) for a, b in zip(reference.logprobs or [], actual.logprobs or [])]
+    return max(range(len(diffs)), key=diffs.__getitem__, default=0)
+
+
+def _window(ids: list[int], position: int) -> list[int]:
+    return ids[max(0, position - 2) : position + 3]
