@@ -15,6 +15,7 @@ from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+ATTENTION_BACKENDS = ("auto", "triton", "reference")
 
 
 class ConfigError(ValueError):
@@ -297,8 +298,13 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "cpu"
     seed: int = 0
+    attention_backend: str = "auto"  # "triton" on CUDA, "reference" on the CPU
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps
 
     def __post_init__(self) -> None:
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"unknown attention backend {self.attention_backend!r}: use one of "
+                              f"{', '.join(ATTENTION_BACKENDS)}")
         m, tp = self.model, self.parallel.tp_size
         for what, value in (("num_attention_heads", m.num_heads), ("num_key_value_heads", m.num_kv_heads),
                             ("intermediate_size", m.intermediate_size), ("vocab_size", m.vocab_size)):

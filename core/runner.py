@@ -16,6 +16,7 @@ import torch
 from core.attention import make_backend
 from core.attention.backend import AttentionBackend, AttentionMetadata
 from core.config import EngineConfig
+from core.decode_graphs import DecodeGraphs
 from core.distributed import TPGroup
 from core.kv.kv_cache import KVCache
 from core.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
@@ -58,14 +59,17 @@ class ModelRunner:
         self.tp = tp = tp or TPGroup()
         self.device = torch.device(config.device)
         self.dtype = TORCH_DTYPES[config.model.dtype]
-        default_backend = "triton" if self.device.type == "cuda" else "reference"
-        self.backend = backend or make_backend(default_backend, self.device)
+        backend_name = config.attention_backend
+        if backend_name == "auto":
+            backend_name = "triton" if self.device.type == "cuda" else "reference"
+        self.backend = backend or make_backend(backend_name, self.device)
         self.model = build_model(config, tp, show_progress=show_progress)
         self.sampler = Sampler()
         # The fraction of the card this runner may plan with: 1/N when N executors share one card.
         self.memory_share = memory_share
         self.num_pages = num_pages or config.cache.num_pages or self._num_pages_that_fit()
         self.kv_cache = self._allocate_kv_cache(self.num_pages)
+        self.graphs = self._capture_graphs()
 
     # --- memory --------------------------------------------------------------------------------
 
@@ -110,6 +114,15 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak
 
+    def _capture_graphs(self) -> DecodeGraphs | None:
+        """CUDA graphs of the decode step, on one GPU rank with the Triton backend (see decode_graphs)."""
+        if (self.device.type != "cuda" or self.config.enforce_eager or self.tp.size > 1
+                or self.backend.name != "triton"):
+            return None
+        with torch.inference_mode():
+            return DecodeGraphs(self.model, self.backend, self.kv_cache, self.config.scheduler.max_num_seqs,
+                                self.config.max_model_len, self.device)
+
     # --- the step ------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -138,6 +151,8 @@ class ModelRunner:
     def forward_logits(self, plan: StepPlan, kv_cache: KVCache | None = None
                        ) -> tuple[torch.Tensor | None, np.ndarray]:
         """Float32 logits [N, vocab] of the rows that sample (rank 0; None elsewhere) and those rows."""
+        if kv_cache is None and self.graphs is not None and self.graphs.can_run(plan):
+            return self.graphs.run(plan), plan.sampled_rows
         kv_cache = kv_cache or self.kv_cache
         device = self.device
         input_ids = torch.from_numpy(plan.input_ids).to(device, non_blocking=True).long()

@@ -61,6 +61,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="radix prefix cache over the KV pages (default: on)")
     group.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                        help="auto: the checkpoint's safetensors, or dummy weights for a preset")
+    group.add_argument("--attention-backend", choices=("auto", "triton", "reference"), default="auto",
+                       help="auto: triton on GPU, reference (plain torch) on CPU")
+    group.add_argument("--enforce-eager", action="store_true",
+                       help="no CUDA graphs for decode steps (default: graphs on a single-rank GPU replica)")
     group.add_argument("--seed", type=int, default=0, help="dummy weights and unseeded sampling (default: 0)")
     group.add_argument("--step-timeout", type=float, default=LaunchOptions.step_timeout_s,
                        help="seconds a step may take before its replica is declared stuck "
@@ -98,6 +102,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
                                   long_prefill_token_threshold=args.long_prefill_token_threshold),
         device=device,
         seed=args.seed,
+        attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
     )
 
 

@@ -29,6 +29,9 @@ class AttentionMetadata:
     seq_lens_cpu: np.ndarray
     max_query_len: int
     max_seq_len: int
+    # CUDA-graph capture: every request decodes one token, and launches must not depend on this
+    # step's lengths (the host arrays only give the batch size; max_seq_len is an upper bound).
+    static_shapes: bool = False
 
     @classmethod
     def from_plan(cls, plan: StepPlan, device: torch.device | str) -> AttentionMetadata:

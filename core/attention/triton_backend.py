@@ -96,6 +96,8 @@ class TritonAttention(AttentionBackend):
                    shape_key: tuple) -> _StepLaunch:
         num_q_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = k_cache.shape[2]
+        if meta.static_shapes:
+            return self._plan_graph_step(q, k_cache, meta, shape_key)
         query_lens = np.diff(meta.query_start_cpu)
         num_reqs = len(query_lens)
         decodes = query_lens == 1
@@ -121,6 +123,24 @@ class TritonAttention(AttentionBackend):
                 work = work.pin_memory()  # so the copy below is truly asynchronous
             work = work.to(q.device, non_blocking=True)
         return _StepLaunch(meta, shape_key, splits, partial_out, partial_lse, tiles, work)
+
+
+    def _plan_graph_step(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata,
+                         shape_key: tuple) -> _StepLaunch:
+        """A decode launch fixed by the batch size alone: each request splits its own context into
+        the same number of parts (computed in the kernel from its seq_len), so one captured graph
+        serves every mix of lengths up to meta.max_seq_len."""
+        num_reqs, num_q_heads, head_dim = len(meta.seq_lens_cpu), q.shape[1], q.shape[2]
+        sized = plan_splits(num_reqs, k_cache.shape[2], meta.max_seq_len, self.num_sms,
+                            decode_tiles(k_cache.dtype).block_n, self.min_split_tokens)
+        splits = DecodeSplits(sized.num_splits, 0)
+        partial_out = partial_lse = None
+        if splits.num_splits > 1:
+            partial_out = torch.empty(num_reqs, num_q_heads, splits.num_splits, head_dim,
+                                      dtype=torch.float32, device=q.device)
+            partial_lse = torch.empty(num_reqs, num_q_heads, splits.num_splits, dtype=torch.float32,
+                                      device=q.device)
+        return _StepLaunch(meta, shape_key, splits, partial_out, partial_lse, None, None)
 
 
 def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

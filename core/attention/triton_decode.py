@@ -45,7 +45,10 @@ class DecodeTiles(NamedTuple):
 
 class DecodeSplits(NamedTuple):
     num_splits: int
-    split_tokens: int  # a multiple of DecodeTiles.block_n
+    # A multiple of DecodeTiles.block_n; 0: each request's context is cut into num_splits equal
+    # parts, computed in the kernel from its seq_len (launches that must not depend on this step's
+    # lengths: CUDA graphs).
+    split_tokens: int
 
 
 def decode_tiles(dtype: torch.dtype) -> DecodeTiles:
@@ -76,6 +79,7 @@ def _decode_split_kernel(
     stride_cache_page, stride_cache_slot, stride_cache_head, stride_table_req,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PER_REQUEST_SPLITS: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -84,6 +88,8 @@ def _decode_split_kernel(
     if tl.load(query_start_ptr + req + 1) - q_row != 1:
         return
     seq_len = tl.load(seq_lens_ptr + req)
+    if PER_REQUEST_SPLITS:
+        split_tokens = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     kv_start = split * split_tokens
     if kv_start >= seq_len:
         return
@@ -128,15 +134,19 @@ def _decode_split_kernel(
 def _decode_reduce_kernel(
     partial_out_ptr, partial_lse_ptr, out_ptr, seq_lens_ptr, query_start_ptr,
     num_splits, split_tokens, stride_out_tok, stride_out_head,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
+    PER_REQUEST_SPLITS: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
     q_row = tl.load(query_start_ptr + req)
     if tl.load(query_start_ptr + req + 1) - q_row != 1:
         return
+    seq_len = tl.load(seq_lens_ptr + req)
+    if PER_REQUEST_SPLITS:
+        split_tokens = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     # Splits past the end of this request's context were never written.
-    used = tl.cdiv(tl.load(seq_lens_ptr + req), split_tokens)
+    used = tl.cdiv(seq_len, split_tokens)
     splits = tl.arange(0, BLOCK_S)
     split_mask = splits < used
     part = (req * tl.num_programs(1) + head) * num_splits + splits  # [BLOCK_S]
@@ -169,6 +179,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     group = num_q_heads // num_kv_heads
     tiles = tiles or decode_tiles(k_cache.dtype)
     direct = splits.num_splits == 1
+    per_request = splits.split_tokens == 0
     block_d = max(16, next_power_of_2(head_dim))
     _decode_split_kernel[(num_reqs, num_kv_heads, splits.num_splits)](
         q, k_cache, v_cache, out, partial_out, partial_lse,
@@ -178,7 +189,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
         GROUP=group, BLOCK_H=max(16, next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=tiles.block_n, DIRECT=direct,
-        DOT_PRECISION=dot_precision(k_cache.dtype),
+        DOT_PRECISION=dot_precision(k_cache.dtype), PER_REQUEST_SPLITS=per_request,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if direct:
@@ -187,5 +198,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         partial_out, partial_lse, out, seq_lens, query_start,
         splits.num_splits, splits.split_tokens, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=next_power_of_2(splits.num_splits),
-        num_warps=4,
+        BLOCK_N=tiles.block_n, PER_REQUEST_SPLITS=per_request, num_warps=4,
     )
