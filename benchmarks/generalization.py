@@ -53,6 +53,7 @@ from benchmarks.generalization_cell import Cell, CellContext, Checks
 from benchmarks.generalization_compare import Tolerance
 from benchmarks.generalization_layout_cells import (
     chunked_cell,
+    identical_prompts_cell,
     layout_cell,
     preemption_cell,
     preemption_pool,
@@ -93,7 +94,7 @@ def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int) -> l
         ServerPlan("reference", reference, reference_cells(workload)),
         ServerPlan("prefix-cache", cached, prefix_cache_cells()),
         ServerPlan("chunked", chunked, [chunked_cell(chunk_budget)]),
-        ServerPlan("preemption", small_pool, [preemption_cell()]),
+        ServerPlan("preemption", small_pool, [preemption_cell(), identical_prompts_cell(8)]),
         ServerPlan("dp2", replace(reference, parallel=replace(reference.parallel, dp_size=2)),
                    [layout_cell("DP 2", layout + "; both replicas serve some")]),
         ServerPlan("tp2", replace(reference, parallel=replace(reference.parallel, tp_size=2)),

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from api.generation import Generation
 from benchmarks.generalization_cell import Cell, CellContext
 from benchmarks.generalization_reference_cells import cache_cell_jobs, twins
@@ -30,6 +32,9 @@ def prefix_cache_cells() -> list[Cell]:
         Cell("prefix cache partial-page hit", "prompts sharing a prefix that ends mid-page (inside a cached "
              "prompt, and inside its generated tokens): the whole pages before it hit, outputs as with the "
              "cache off", _partial),
+        Cell("prefix cache next turn", "a prompt continuing a finished request (its prompt, all its output, "
+             "new tokens; prompt + output fill whole pages): it hits the whole pages of all but the last "
+             "sampled token, which has no KV; outputs as with the cache off", _next_turn),
         Cell("prefix cache full-prompt hit", "the same prompt twice: a prompt of k*block_size+1 tokens hits "
              "all but its last token, a page-aligned one all but its last page; the same prompt twice at "
              "once: whole pages, outputs as with the cache off", _full_hit),
@@ -49,6 +54,14 @@ def chunked_cell(budget: int) -> Cell:
 def preemption_cell() -> Cell:
     return Cell("preemption (small pool)", "the probe and first batch prompts at once on a pool smaller "
                 "than their pages: outputs as without preemption, num_preemptions > 0", _preemption)
+
+
+def identical_prompts_cell(copies: int) -> Cell:
+    return Cell(f"{copies} identical prompts at once (small pool)",
+                f"{copies} copies of one prompt submitted at once on the small pool (pages written twice "
+                "in one step are shared afterwards, duplicates freed and reused): outputs as alone, hits "
+                "whole pages below the prompt's length",
+                lambda ctx: _identical(ctx, copies))
 
 
 def layout_jobs(workload: Workload, exclude_longest: bool = False) -> list[Job]:
@@ -146,6 +159,20 @@ def _partial(ctx: CellContext) -> None:
                       "a prompt sharing whole pages with a cached one hit nothing")
 
 
+def _next_turn(ctx: CellContext) -> None:
+    jobs = [j for j in cache_cell_jobs(ctx) if j.key.startswith("turn2-")]
+    if not ctx.checks.expect(bool(jobs), "no next-turn prompt (the reference of its source is missing)"):
+        return
+    source = ctx.workload.next_turn_source()
+    results = _run_cached(ctx, jobs, "next turn")
+    computed = len(source.prompt) + source.params.max_tokens - 1  # the last sampled token has no KV
+    expected = computed // ctx.workload.shape.block_size * ctx.workload.shape.block_size
+    for job in jobs:
+        hit = results[job.key].num_cached_tokens
+        ctx.checks.expect(hit == expected, f"{job.key}: hit {hit} tokens of the {computed} with KV in "
+                                           f"{source.key}, expected {expected}")
+
+
 def _full_hit(ctx: CellContext) -> None:
     jobs = [j for j in cache_cell_jobs(ctx) if j.key.startswith("full")]
     bs = ctx.workload.shape.block_size
@@ -200,6 +227,23 @@ def _chunked(ctx: CellContext) -> None:
                               longest_prompt=max(len(j.prompt) for j in jobs))
     ctx.checks.expect(steps * budget >= computed,
                       f"{computed} tokens computed in {steps} steps: more than the budget of {budget} a step")
+
+
+def _identical(ctx: CellContext, copies: int) -> None:
+    twin = ctx.workload.twin_job()
+    jobs = [dataclasses.replace(twin, key=f"{twin.key}@{copy}") for copy in range(1, copies + 1)]
+    before = sum(r.stats.num_preemptions for r in ctx.server.stats_now() if r.stats)
+    results = ctx.server.run(jobs)
+    bs, limit = ctx.workload.shape.block_size, len(twin.prompt) - 1
+    for job in jobs:
+        ctx.checks.finished(job, results[job.key])
+        ctx.checks.agree(job.key, ctx.refs.get(twin.key), results[job.key], f"{twin.key} alone")
+        hit = results[job.key].num_cached_tokens
+        ctx.checks.expect(hit % bs == 0 and hit <= limit,
+                          f"{job.key}: hit {hit} tokens: not whole pages up to {limit}")
+    ctx.checks.details.update(num_cached_tokens=[g.num_cached_tokens for g in results.values()],
+                              num_preemptions=sum(r.stats.num_preemptions for r in ctx.server.stats_now()
+                                                  if r.stats) - before)
 
 
 def _preemption(ctx: CellContext) -> None:

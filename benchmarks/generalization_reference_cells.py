@@ -121,11 +121,14 @@ def _batch_cell(size: int):
 
 
 def cache_cell_jobs(ctx: CellContext) -> list[Job]:
-    """The prompts of the prefix-cache cells beyond the probe: partial-page and full-hit prompts."""
-    source = ctx.workload.shared_prefix_source()
-    reference = ctx.refs.get(source.key)
-    partial = ctx.workload.partial_jobs(reference.token_ids) if reference is not None else []
-    return [*partial, *ctx.workload.full_hit_jobs(), ctx.workload.twin_job()]
+    """The prompts of the prefix-cache cells beyond the probe: partial-page, next-turn and full-hit
+    prompts (the first two continue probe outputs, so they exist once those have references)."""
+    workload = ctx.workload
+    source = ctx.refs.get(workload.shared_prefix_source().key)
+    partial = workload.partial_jobs(source.token_ids) if source is not None else []
+    turn_source = ctx.refs.get(workload.next_turn_source().key)
+    turn = workload.next_turn_job(turn_source.token_ids) if turn_source is not None else None
+    return [*partial, *([turn] if turn else []), *workload.full_hit_jobs(), workload.twin_job()]
 
 
 def twins(job: Job) -> list[Job]:
@@ -136,8 +139,10 @@ def twins(job: Job) -> list[Job]:
 def _cache_off(ctx: CellContext) -> None:
     checks = ctx.checks
     jobs = cache_cell_jobs(ctx)
-    checks.expect(any(j.key.startswith("partial-") for j in jobs),
-                  f"no partial-page prompt: {ctx.workload.shared_prefix_source().key} has no reference")
+    for prefix, source in (("partial-", ctx.workload.shared_prefix_source()),
+                           ("turn2-", ctx.workload.next_turn_source())):
+        checks.expect(any(j.key.startswith(prefix) for j in jobs),
+                      f"no {prefix} prompt: {source.key} has no reference, or it does not fit")
     first = ctx.server.run(jobs)
     second = ctx.server.run(jobs)
     pair = ctx.server.run(twins(ctx.workload.twin_job()))

@@ -127,6 +127,22 @@ class Workload:
                 jobs.append(Job(f"partial-output{len(shared)}/out{out}", prompt, greedy(out)))
         return jobs
 
+    def next_turn_source(self) -> Job:
+        """The probe job a next turn continues: one whose prompt and output fill whole pages, so
+        its last page ends with the one token that has no KV (the last sampled), if there is one."""
+        bs = self.shape.block_size
+        probe = self.probe(exclude_longest=True)
+        whole = [j for j in probe if (len(j.prompt) + j.params.max_tokens) % bs == 0]
+        return whole[0] if whole else self.shared_prefix_source()
+
+    def next_turn_job(self, source_output: list[int]) -> Job | None:
+        """A prompt that continues the source: its prompt, all of `source_output`, then new tokens."""
+        source, out = self.next_turn_source(), self.shape.long_output
+        prompt = source.prompt + source_output + self.fresh_tail
+        if len(prompt) + out > self.shape.max_model_len:
+            return None
+        return Job(f"turn2-of-len{len(source.prompt)}/out{out}", prompt, greedy(out))
+
     def full_hit_jobs(self) -> list[Job]:
         out = self.shape.long_output
         return [Job(f"full{n}/out{out}", prompt, greedy(out)) for n, prompt in self.full_hit.items()]
