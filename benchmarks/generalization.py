@@ -45,6 +45,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -121,7 +122,11 @@ class Matrix:
 
     def __init__(self, args: argparse.Namespace, base: EngineConfig, workload: Workload,
                  tolerance: Tolerance) -> None:
+        self.started_at = datetime.datetime.now(datetime.UTC)
+        self._started = time.perf_counter()
+        self.environment = environment()
         self.args = args
+        self.base = base
         self.workload = workload
         self.tolerance = tolerance
         self.options = launch_options_from_args(args)
@@ -130,10 +135,36 @@ class Matrix:
         self.cells: list[dict] = []
         self.servers: list[dict] = []
 
-    def run(self, wanted: set[str]) -> None:
+    def run(self, wanted: set[str], after_server: Callable[[], None]) -> None:
         for plan in self.plans:
             if plan.name == "reference" or plan.name in wanted:
                 self.run_server(plan)
+                after_server()
+
+    def report(self) -> dict:
+        """Everything so far: the command, machine, settings, servers and one record per cell."""
+        args, shape, base, cells = self.args, self.workload.shape, self.base, self.cells
+        return {
+            "command": args.command,
+            "started_at": self.started_at.isoformat(timespec="seconds"),
+            "duration_s": round(time.perf_counter() - self._started, 1),
+            "environment": self.environment,
+            "settings": {
+                "subset": args.subset, "model": base.model.name, "device": base.device,
+                "dtype": base.model.dtype,
+                "weights": "dummy" if base.model.weights_are_dummy else base.model.model_path,
+                "block_size": shape.block_size, "max_model_len": shape.max_model_len,
+                "prompt_lengths": list(shape.prompt_lengths), "output_lengths": list(shape.output_lengths),
+                "batch_sizes": list(shape.batch_sizes), "chunk_budget": args.chunk_budget,
+                "preemption_num_pages": preemption_pool(self.workload), "workload_seed": args.workload_seed,
+                "idle_timeout_s": args.idle_timeout, "comparison": self.tolerance.describe(),
+            },
+            "servers": self.servers,
+            "cells": cells,
+            "num_cells": len(cells),
+            "num_passed": sum(c["passed"] for c in cells),
+            "passed": bool(cells) and all(c["passed"] for c in cells),
+        }
 
     def run_server(self, plan: ServerPlan) -> None:
         config = describe_config(plan.config)
@@ -208,38 +239,16 @@ def base_config(args: argparse.Namespace) -> EngineConfig:
     return replace(config, scheduler=replace(config.scheduler, max_model_len=max_model_len))
 
 
-def run_matrix(args: argparse.Namespace) -> dict:
-    """Run the matrix the arguments describe; returns the report (see generalization_report)."""
-    started_at = datetime.datetime.now(datetime.UTC)
-    started = time.perf_counter()
+def run_matrix(args: argparse.Namespace, on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Run the matrix the arguments describe; returns the report (see generalization_report).
+    `on_progress` gets the report so far after every server (a long run killed midway keeps it)."""
     base = base_config(args)
     shape = make_shape(args.subset, base.cache.block_size, base.max_model_len)
     workload = Workload(shape, args.workload_seed)
     tolerance = Tolerance.for_dtype(base.model.dtype, args.logprob_atol, args.tie_tolerance)
     matrix = Matrix(args, base, workload, tolerance)
-    matrix.run(set(args.servers.split(",")))
-    cells = matrix.cells
-    return {
-        "command": args.command,
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "duration_s": round(time.perf_counter() - started, 1),
-        "environment": environment(),
-        "settings": {
-            "subset": args.subset, "model": base.model.name, "device": base.device, "dtype": base.model.dtype,
-            "weights": "dummy" if base.model.weights_are_dummy else base.model.model_path,
-            "block_size": shape.block_size,
-            "max_model_len": shape.max_model_len, "prompt_lengths": list(shape.prompt_lengths),
-            "output_lengths": list(shape.output_lengths), "batch_sizes": list(shape.batch_sizes),
-            "chunk_budget": args.chunk_budget, "preemption_num_pages": preemption_pool(workload),
-            "workload_seed": args.workload_seed, "idle_timeout_s": args.idle_timeout,
-            "comparison": tolerance.describe(),
-        },
-        "servers": matrix.servers,
-        "cells": cells,
-        "num_cells": len(cells),
-        "num_passed": sum(c["passed"] for c in cells),
-        "passed": bool(cells) and all(c["passed"] for c in cells),
-    }
+    matrix.run(set(args.servers.split(",")), lambda: on_progress and on_progress(matrix.report()))
+    return matrix.report()
 
 
 def environment() -> dict[str, object]:
@@ -329,12 +338,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("CADENCE_LOG_LEVEL", "WARNING")  # the children's INFO lines drown the table
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
-    report = run_matrix(args)
+
+    def write(report: dict) -> None:
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        if args.markdown:
+            Path(args.markdown).write_text(render_markdown(report))
+
+    report = run_matrix(args, on_progress=write)
+    write(report)
     print(format_table(report))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(render_markdown(report))
     return 0 if report["passed"] else 1
 
 

@@ -2,15 +2,19 @@
 
 Every cell must pass (each is a set of invariants: outputs equal across layouts, exact counts and
 finish reasons, num_cached_tokens as the radix cache should give it, a balanced pool after every
-cell), and the Markdown report must have one row per cell.
+cell), and the Markdown report must have one row per cell. The rule that compares two runs is specified
+on constructed outputs.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from api.generation import Generation
 from benchmarks.generalization import format_table, parse_args, run_matrix
+from benchmarks.generalization_compare import Tolerance, compare
 from benchmarks.generalization_report import render_markdown
+from procs.messages import TopLogprob
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +51,35 @@ def test_the_markdown_report_has_one_row_per_cell(report):
         assert row.startswith(f"| {number} | {cell['name']} | {cell['server']} | ")
     assert report["command"] in markdown
     assert report["environment"]["torch"] in markdown
+
+
+def _generation(ids: list[int], top: list[list[tuple[int, float]]], finish: str = "length") -> Generation:
+    return Generation("r", token_ids=ids, finish_reason=finish, logprobs=[pairs[0][1] for pairs in top],
+                      top_logprobs=[[TopLogprob(t, "", lp) for t, lp in pairs] for pairs in top])
+
+
+BF16 = Tolerance.for_dtype("bfloat16")
+FLOAT32 = Tolerance.for_dtype("float32")
+
+
+def test_float32_runs_agree_only_with_equal_ids_and_close_logprobs():
+    reference = _generation([5, 6], [[(5, -1.0), (9, -2.0)], [(6, -1.0), (9, -2.0)]])
+    assert compare(reference, reference, FLOAT32).ok
+    moved = _generation([5, 6], [[(5, -1.0), (9, -2.0)], [(6, -1.01), (9, -2.0)]])
+    assert "logprob of token 1" in compare(reference, moved, FLOAT32).message
+    other = _generation([5, 9], [[(5, -1.0), (9, -2.0)], [(9, -1.0), (6, -1.0)]])
+    assert not compare(reference, other, FLOAT32).ok  # a tie is no excuse in float32
+
+
+def test_bf16_divergence_is_accepted_only_at_a_near_tie_of_the_two_tokens():
+    reference = _generation([5, 6, 7],
+                            [[(5, -1.0), (9, -3.0)], [(6, -1.00), (8, -1.03)], [(7, -1.0), (1, -2.0)]])
+    tie = _generation([5, 8, 2], [[(5, -1.0), (9, -3.0)], [(8, -1.01), (6, -1.02)], [(2, -1.0), (1, -2.0)]])
+    agreement = compare(reference, tie, BF16)
+    assert agreement.ok and "near-tie" in agreement.message
+    wide = _generation([5, 8, 2], [[(5, -1.0), (9, -3.0)], [(8, -1.0), (6, -1.2)], [(2, -1.0), (1, -2.0)]])
+    assert "0.2 nats apart" in compare(reference, wide, BF16).message
+    third = _generation([5, 4, 2], [[(5, -1.0), (9, -3.0)], [(4, -1.0), (6, -1.01)], [(2, -1.0), (1, -2.0)]])
+    assert "not the two tokens" in compare(reference, third, BF16).message
+    shorter = _generation([5, 8], [[(5, -1.0), (9, -3.0)], [(8, -1.01), (6, -1.02)]])
+    assert "2 tokens where the reference has 3" in compare(reference, shorter, BF16).message
