@@ -4,8 +4,9 @@
         --notes docs/reports/performance_notes.md
 
 Reads the JSON that `python -m benchmarks.suite` left (c1.json, c16.json, ..., peer.json), and
-optionally broadcast.json (`python -m benchmarks.broadcast`) and kernels.json
-(`python -m benchmarks.kernels`). Every table row names the command that made it. performance.json
+optionally broadcast.json (`python -m benchmarks.broadcast`) and the JSON of
+`python -m benchmarks.kernels` (given with --kernels). Every table row names the command that
+made it. performance.json
 holds the same figures for programs (each run's load-tool JSON without its per-request arrays),
 plus `peer_ratio` = Cadence's total token throughput over the peer's on the same workload.
 """
@@ -190,6 +191,21 @@ def markdown(figures: dict, notes: str) -> str:
             "before blocking on the doorbell).",
             "",
         ]
+    if "kernels" in figures:
+        k = figures["kernels"]
+        lines += ["## Attention kernels", "",
+                  f"`python -m benchmarks.kernels` on {k['device']}, {k['dtype']}, "
+                  "Qwen3-14B per-layer shapes "
+                  f"({k['shapes']['q_heads']} query heads, {k['shapes']['kv_heads']} KV heads, head_dim "
+                  f"{k['shapes']['head_dim']}, block_size {k['shapes']['block_size']}); achieved bandwidth "
+                  f"against the {k['ceiling_tb_s']} TB/s ceiling, replayed from a CUDA graph.", "",
+                  "| kernel | case | MB moved | us | TB/s | % of ceiling | TFLOP/s | max error vs float32 |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for row in k["rows"]:
+            lines.append(f"| {row['kernel']} | {row['case']} | {row['mbytes']:.1f} | {row['graph_us']:.1f} | "
+                         f"{row['graph_tb_s']:.2f} | {row['graph_tb_s'] / k['ceiling_tb_s']:.0%} | "
+                         f"{_fmt(row['tflops'])} | {_fmt(row['error'], 4) if row['error'] else 'n/a'} |")
+        lines.append("")
     if notes:
         lines += [notes.strip(), ""]
     return "\n".join(lines)
@@ -203,10 +219,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--results", required=True, help="the directory of run JSON files")
     p.add_argument("--machine", required=True, help="what the runs ran on, in words")
+    p.add_argument("--kernels", help="the JSON of python -m benchmarks.kernels, for its table")
     p.add_argument("--notes", help="a Markdown file appended to the report (findings, known issues)")
     p.add_argument("--out-dir", default="docs/reports", help="where performance.md/.json go")
     args = p.parse_args(argv)
     figures = build(load_results(args.results), args.machine)
+    if args.kernels:
+        with open(args.kernels) as f:
+            figures["kernels"] = json.load(f)
     notes = ""
     if args.notes:
         with open(args.notes) as f:
