@@ -48,7 +48,20 @@ class Checks:
         if finish_reason == "length":
             ok &= self.expect(len(generation.token_ids) == job.params.max_tokens, f"{job.key}: "
                               f"{len(generation.token_ids)} tokens, max_tokens {job.params.max_tokens}")
+        if job.params.is_greedy and not job.params.has_penalties and generation.top_logprobs:
+            ok &= self._greedy_is_top1(job.key, generation)
         return ok
+
+    def _greedy_is_top1(self, key: str, generation: Generation) -> bool:
+        """A greedy token is the first of its top logprobs (or ties it), and logprobs are <= 0."""
+        for i, (token, logprob, top) in enumerate(zip(generation.token_ids, generation.logprobs or [],
+                                                       generation.top_logprobs or [])):
+            best = top[0] if top else None
+            if best is None or logprob > 0 or (best.token_id != token and best.logprob > logprob):
+                tops = [(t.token_id, t.logprob) for t in top]
+                return self.expect(False, f"{key}: greedy token {i} is {token} (logprob {logprob:.4g}) but "
+                                          f"the top logprobs are {tops}")
+        return True
 
     def agree(self, key: str, reference: Generation | None, actual: Generation | None, against: str) -> bool:
         """`actual` reproduces `reference` (the run of the same key `against` names) under the tolerance."""

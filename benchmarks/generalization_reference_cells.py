@@ -13,6 +13,7 @@ from api.generation import Generation
 from benchmarks.generalization_cell import Cell, CellContext
 from benchmarks.generalization_workload import TOP_LOGPROBS, Job, Workload, greedy
 from core.sampling_params import SamplingParams
+from procs.messages import ChatTurn
 
 SEED = 1234
 
@@ -28,8 +29,14 @@ def reference_cells(workload: Workload) -> list[Cell]:
                    _batch_cell(size))
               for size in shape.batch_sizes if size > 1]
     cells += [
+        Cell("prompt kinds", "a text prompt, the same as token ids, and a chat: the server's tokenization "
+             "(echoed prompt_token_ids) matches num_prompt_tokens, and the ids given back as a prompt "
+             "reproduce the output", _prompt_kinds),
         Cell("prefix cache off", "the prefix-cache cells' prompts twice, and one prompt twice at once: "
              "nothing cached, the second run reproduces the first, the hit counter stays 0", _cache_off),
+        Cell("penalties", "greedy with repetition 1.3, presence 0.5 and frequency 0.5 penalties, alone: "
+             "finish length with exactly max_tokens, other tokens than without them; the reference of the "
+             "layouts' penalties job", _penalties),
         Cell("seeded sampling", "temperature 1: the same seed twice alone gives the same tokens, twice in "
              "one batch too (and, float32, the same as alone); another seed gives other tokens", _seeded),
         Cell("stop string", "a string from the middle of a sampled text, and one spanning two greedy tokens: "
@@ -117,6 +124,29 @@ def _batch_cell(size: int):
     return run
 
 
+# --- prompt kinds ----------------------------------------------------------------------------------
+
+
+def _prompt_kinds(ctx: CellContext) -> None:
+    checks, out = ctx.checks, ctx.workload.shape.long_output
+    params = greedy(out)
+    text, chat = "The capital of France is", [ChatTurn("user", "Name three rivers.")]
+    by_text, by_chat = ctx.server.client.generate([text, chat], params)
+    for name, generation in (("text", by_text), ("chat", by_chat)):
+        ids = generation.prompt_token_ids
+        if not checks.expect(ids is not None and len(ids) == generation.num_prompt_tokens > 0,
+                             f"{name}: prompt_token_ids {ids} do not match num_prompt_tokens "
+                             f"{generation.num_prompt_tokens}"):
+            continue
+        job = Job(f"{name}-as-ids/out{out}", ids, params)
+        checks.finished(job, generation)
+        again = ctx.server.run([job])[job.key]
+        checks.finished(job, again)
+        checks.agree(job.key, generation, again, f"the {name} prompt")
+    checks.details["num_prompt_tokens"] = {"text": by_text.num_prompt_tokens,
+                                           "chat": by_chat.num_prompt_tokens}
+
+
 # --- the prefix cache off ---------------------------------------------------------------------------
 
 
@@ -161,6 +191,18 @@ def _cache_off(ctx: CellContext) -> None:
 
 
 # --- how requests end -------------------------------------------------------------------------------
+
+
+def _penalties(ctx: CellContext) -> None:
+    job = ctx.workload.penalty_job()
+    generation = ctx.server.run([job])[job.key]
+    if ctx.checks.finished(job, generation):
+        ctx.refs[job.key] = generation
+    plain = ctx.refs.get(ctx.workload.length_job(len(job.prompt), job.params.max_tokens).key)
+    ctx.checks.expect(plain is None or plain.token_ids != generation.token_ids,
+                      f"{job.key}: the penalties left the greedy tokens unchanged")
+    ctx.checks.details["distinct_tokens"] = {"with": len(set(generation.token_ids)),
+                                             "without": len(set(plain.token_ids)) if plain else None}
 
 
 def _sampled(max_tokens: int, seed: int, **overrides) -> SamplingParams:

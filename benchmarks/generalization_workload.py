@@ -98,6 +98,13 @@ class Workload:
             lengths = [n for n in lengths if n < self.shape.max_model_len - 1]
         return [self.length_job(n, self.length_outputs(n)[-1]) for n in lengths]
 
+    def penalty_job(self) -> Job:
+        """Greedy with repetition, presence and frequency penalties: the history (prompt and output so
+        far) must survive batching, chunking, preemption and the DP/TP layouts."""
+        n, out = self.shape.block_size + 1, self.shape.long_output
+        params = greedy(out, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.5)
+        return Job(f"penalties-len{n}/out{out}", self.by_length[n], params)
+
     def alone_indices(self) -> list[int]:
         """Batch prompts also run alone: the first 7 and a few spread over the largest batch."""
         num = len(self.batch)
