@@ -3,19 +3,22 @@
     python -m benchmarks.generalization --subset cpu --out docs/reports/generalization_cpu.json \\
         --markdown docs/reports/generalization.md
     python -m benchmarks.generalization --subset full --model qwen3-14b --load-format dummy \\
-        --device cuda --out generalization_gpu.json --markdown generalization_gpu.md
+        --device cuda --out generalization_h200.json --markdown generalization_h200.md
 
 Each server configuration is launched once (Launcher, the native `api.client.Client`), its cells
 run in order, and it is shut down before the next starts:
 
 * reference: DP1 TP1, prefix cache off, chunked prefill off. Prompt lengths 1, block_size-1,
   block_size, block_size+1, 100 (cpu) or 1000 (full) and max_model_len-1, each alone with max_tokens
-  1, 2 and 16 (cpu) or 64 (full; max_model_len-1 with 1); batches of 1, 7 (and 64, 256) mixed prompts;
-  the cache-off runs of the prefix-cache prompts; and how requests end: seeded sampling, stop
-  strings, stop token ids, max_tokens, max_model_len. Its outputs are what the others must reproduce.
-* prefix-cache: the cache on; cold, hot, partial-page and full-prompt hits with exact num_cached_tokens.
+  1, 2 and 64 (max_model_len-1 with 1); batches of 1, 7 (and, full, 64 and 256) prompts of mixed
+  lengths and max_tokens; text, token-id and chat prompts; the cache-off runs of the prefix-cache
+  prompts; penalties; and how requests end: seeded sampling, stop strings, stop token ids,
+  max_tokens, max_model_len. Its outputs are what the other servers must reproduce.
+* prefix-cache: the cache on; cold, hot, partial-page, next-turn and full-prompt hits, each with the
+  num_cached_tokens the cache's contents predict (whole pages, never the prompt's last token).
 * chunked: chunked prefill with a budget of --chunk-budget (16) tokens a step.
-* preemption: a pool of a third of the pages the cell's requests need; num_preemptions must grow.
+* preemption: a pool of about a third of the pages the cell's requests need (num_preemptions must
+  grow), then identical prompts at once on it.
 * dp2, tp2: two replicas, and one replica split over two ranks.
 
 After every cell the pool must balance (benchmarks/generalization_server.py): every replica alive,
@@ -30,7 +33,8 @@ runs picked different ones of the two; the tokens after it are not compared.
 The engine flags (`--model`, `--device`, `--dtype`, `--block-size`, `--max-model-len`, ...) make the
 base configuration; each server overrides the prefix cache, chunked prefill, the token budget, the
 pool size and DP/TP. Without --max-model-len the matrix uses 512 (cpu) or 2048 (full) tokens.
-Writes the results as JSON (--out) and Markdown (--markdown), prints a table, and exits 1 if a cell failed.
+`--servers` runs some servers only (the reference always runs). The JSON (--out) and Markdown
+(--markdown) are rewritten after every server; a table is printed at the end; exit 1 if a cell failed.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ from benchmarks.generalization_reference_cells import reference_cells
 from benchmarks.generalization_report import render_markdown
 from benchmarks.generalization_server import NotIdle, Server
 from benchmarks.generalization_workload import Workload, make_shape
-from core.config import EngineConfig
+from core.config import EngineConfig, ParallelConfig
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
 
 DEFAULT_MAX_MODEL_LEN = {"cpu": 512, "full": 2048}
@@ -81,14 +85,15 @@ class ServerPlan:
 def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int) -> list[ServerPlan]:
     """Every server configuration of the matrix, reference first (the others compare against it)."""
     budget = max(base.scheduler.max_num_batched_tokens, base.max_model_len)
-    reference = replace(base, cache=replace(base.cache, enable_prefix_caching=False),
+    reference = replace(base, parallel=ParallelConfig(tp_size=1, dp_size=1),
+                        cache=replace(base.cache, enable_prefix_caching=False),
                         scheduler=replace(base.scheduler, enable_chunked_prefill=False,
                                           max_num_batched_tokens=budget))
     cached = replace(reference, cache=replace(reference.cache, enable_prefix_caching=True))
     chunked = replace(reference, scheduler=replace(reference.scheduler, enable_chunked_prefill=True,
                                                    max_num_batched_tokens=chunk_budget))
-    small_pool = replace(base, cache=replace(base.cache, enable_prefix_caching=True,
-                                             num_pages=preemption_pool(workload)),
+    small_pool = replace(reference, cache=replace(base.cache, enable_prefix_caching=True,
+                                                  num_pages=preemption_pool(workload)),
                          scheduler=replace(base.scheduler, enable_chunked_prefill=True))
     layout = "the probe and first batch prompts at once reproduce DP1 TP1's outputs"
     return [
@@ -96,9 +101,9 @@ def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int) -> l
         ServerPlan("prefix-cache", cached, prefix_cache_cells()),
         ServerPlan("chunked", chunked, [chunked_cell(chunk_budget)]),
         ServerPlan("preemption", small_pool, [preemption_cell(), identical_prompts_cell(8)]),
-        ServerPlan("dp2", replace(reference, parallel=replace(reference.parallel, dp_size=2)),
+        ServerPlan("dp2", replace(reference, parallel=ParallelConfig(tp_size=1, dp_size=2)),
                    [layout_cell("DP 2", layout + "; both replicas serve some")]),
-        ServerPlan("tp2", replace(reference, parallel=replace(reference.parallel, tp_size=2)),
+        ServerPlan("tp2", replace(reference, parallel=ParallelConfig(tp_size=2, dp_size=1)),
                    [layout_cell("TP 2", layout)]),
     ]
 

@@ -1,23 +1,23 @@
 """The cells that run on the servers other than the reference: each must reproduce its outputs.
 
-* prefix cache on: cold, hot (the same batch again), a partial-page hit and full-prompt hits, each
-  with num_cached_tokens as the radix cache should give it (whole pages of the longest cached
-  prefix of all but the prompt's last token);
-* chunked prefill with a tiny token budget; preemption forced by a small pool; DP 2 and TP 2:
-  the probe prompts and the first batch prompts, submitted at once.
+* prefix cache on: cold, hot (the same batch again), a partial-page hit, a next turn and full-prompt
+  hits, each with num_cached_tokens as the radix cache should give it (whole pages of the longest
+  cached prefix of all but the prompt's last token);
+* chunked prefill with a tiny token budget; preemption forced by a small pool; DP 2 and TP 2: the
+  probe prompts, the penalties job and the first batch prompts, submitted at once;
+* identical prompts at once on the small pool (pages written twice in one step, then shared).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from api.generation import Generation
 from benchmarks.generalization_cell import Cell, CellContext
-from benchmarks.generalization_reference_cells import cache_cell_jobs, twins
+from benchmarks.generalization_reference_cells import cache_cell_jobs
 from benchmarks.generalization_workload import (
     Job,
     Workload,
     common_prefix_len,
+    copies_of,
     expected_cached_tokens,
     num_pages_of,
 )
@@ -188,7 +188,7 @@ def _full_hit(ctx: CellContext) -> None:
         ctx.checks.expect(hit == expected, f"{job.key}: the second run hit {hit} tokens, expected {expected}"
                                            + (" (all but the last token)" if length % bs == 1 else ""))
     twin = ctx.workload.twin_job()
-    pair = ctx.server.run(twins(twin))
+    pair = ctx.server.run(copies_of(twin))
     limit = expected_cached_tokens(twin.prompt, [twin.prompt], bs)
     for key, generation in pair.items():
         ctx.checks.agree(key, ctx.refs.get(twin.key), generation, "the cache off")
@@ -196,7 +196,7 @@ def _full_hit(ctx: CellContext) -> None:
         ctx.checks.expect(hit % bs == 0 and hit <= limit,
                           f"{key}: sent twice at once, hit {hit} tokens: not whole pages up to {limit}")
     ctx.checks.details["twin num_cached_tokens"] = [g.num_cached_tokens for g in pair.values()]
-    _remember(ctx, twins(twin), pair)
+    _remember(ctx, copies_of(twin), pair)
 
 
 # --- chunked prefill, preemption, DP and TP ---------------------------------------------------------
@@ -234,7 +234,7 @@ def _chunked(ctx: CellContext) -> None:
 
 def _identical(ctx: CellContext, copies: int) -> None:
     twin = ctx.workload.twin_job()
-    jobs = [dataclasses.replace(twin, key=f"{twin.key}@{copy}") for copy in range(1, copies + 1)]
+    jobs = copies_of(twin, copies)
     before = sum(r.stats.num_preemptions for r in ctx.server.stats_now() if r.stats)
     results = ctx.server.run(jobs)
     bs, limit = ctx.workload.shape.block_size, len(twin.prompt) - 1

@@ -11,7 +11,7 @@ import dataclasses
 
 from api.generation import Generation
 from benchmarks.generalization_cell import Cell, CellContext
-from benchmarks.generalization_workload import TOP_LOGPROBS, Job, Workload, greedy
+from benchmarks.generalization_workload import TOP_LOGPROBS, Job, Workload, copies_of, greedy
 from core.sampling_params import SamplingParams
 from procs.messages import ChatTurn
 
@@ -161,11 +161,6 @@ def cache_cell_jobs(ctx: CellContext) -> list[Job]:
     return [*partial, *([turn] if turn else []), *workload.full_hit_jobs(), workload.twin_job()]
 
 
-def twins(job: Job) -> list[Job]:
-    """The same request twice under two keys, to be submitted at once."""
-    return [dataclasses.replace(job, key=f"{job.key}@{copy}") for copy in (1, 2)]
-
-
 def _cache_off(ctx: CellContext) -> None:
     checks = ctx.checks
     jobs = cache_cell_jobs(ctx)
@@ -175,7 +170,7 @@ def _cache_off(ctx: CellContext) -> None:
                       f"no {prefix} prompt: {source.key} has no reference, or it does not fit")
     first = ctx.server.run(jobs)
     second = ctx.server.run(jobs)
-    pair = ctx.server.run(twins(ctx.workload.twin_job()))
+    pair = ctx.server.run(copies_of(ctx.workload.twin_job()))
     for job in jobs:
         if checks.finished(job, first[job.key]):
             ctx.refs[job.key] = first[job.key]
@@ -218,7 +213,7 @@ def _seeded(ctx: CellContext) -> None:
     other = Job(f"seed{SEED + 1}", prompt, _sampled(out, SEED + 1))
     first = ctx.server.run([job])[job.key]
     again = ctx.server.run([job])[job.key]
-    batch = ctx.server.run([*twins(job), other])
+    batch = ctx.server.run([*copies_of(job), other])
     one, two = batch[f"{job.key}@1"], batch[f"{job.key}@2"]
     for key, generation in [(job.key, first), (job.key, again), (f"{job.key}@1", one), (f"{job.key}@2", two),
                             (other.key, batch[other.key])]:

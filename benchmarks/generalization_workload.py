@@ -8,6 +8,7 @@ means the same prompt and parameters, so their outputs must agree), the prompt a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,11 @@ class Job:
     key: str  # "len17/out64": the same key on every server means the same request
     prompt: list[int]
     params: SamplingParams
+
+
+def copies_of(job: Job, count: int = 2) -> list[Job]:
+    """The same request `count` times under keys of their own, to be submitted at once."""
+    return [dataclasses.replace(job, key=f"{job.key}@{copy}") for copy in range(1, count + 1)]
 
 
 def greedy(max_tokens: int, **overrides) -> SamplingParams:
