@@ -65,9 +65,21 @@ def identical_prompts_cell(copies: int) -> Cell:
 
 
 def layout_jobs(workload: Workload, exclude_longest: bool = False) -> list[Job]:
-    """What a layout cell submits at once: one job per prompt length, the penalties job and the first
-    batch prompts."""
-    return [*workload.probe(exclude_longest), workload.penalty_job(), *workload.batch[:7]]
+    """What a layout cell submits at once: one job per prompt length, the penalties and seeded jobs
+    and the first batch prompts."""
+    return [*workload.probe(exclude_longest), workload.penalty_job(), workload.layout_seeded_job(),
+            *workload.batch[:7]]
+
+
+def _agree(ctx: CellContext, jobs: list[Job], results: dict[str, Generation], against: str) -> None:
+    """Each output reproduces its reference; a sampled one only in float32, where the logits match to
+    1e-6 (in bf16 a sampled token may flip wherever the noise meets a small logit change, and no
+    near-tie rule tells that from a bug)."""
+    for job in jobs:
+        if not job.params.is_greedy and not ctx.checks.tolerance.exact:
+            ctx.checks.notes.append(f"{job.key}: sampled, not compared in {ctx.server.config.model.dtype}")
+            continue
+        ctx.checks.agree(job.key, ctx.refs.get(job.key), results[job.key], against)
 
 
 def preemption_pool(workload: Workload) -> int:
@@ -117,7 +129,7 @@ def _run_cached(ctx: CellContext, jobs: list[Job], what: str) -> dict[str, Gener
     for job in jobs:
         ctx.checks.finished(job, results[job.key])
     seen = _check_cached(ctx, jobs, results)
-    ctx.checks.agree_all(results, ctx.refs, "the cache off")
+    _agree(ctx, jobs, results, "the cache off")
     gained = _hit_tokens(ctx) - before
     ctx.checks.expect(gained == sum(actual for actual, _ in seen.values()),
                       f"{what}: prefix_cache_hit_tokens grew by {gained}, the requests report "
@@ -207,7 +219,7 @@ def _layout(ctx: CellContext) -> None:
     results = ctx.server.run(jobs)
     for job in jobs:
         ctx.checks.finished(job, results[job.key])
-    ctx.checks.agree_all(results, ctx.refs, "DP1 TP1")
+    _agree(ctx, jobs, results, "DP1 TP1")
     replicas = ctx.server.stats_now()
     ctx.checks.details["prompt_tokens_per_replica"] = [r.stats.num_prompt_tokens for r in replicas if r.stats]
     if len(replicas) > 1:
@@ -223,7 +235,7 @@ def _chunked(ctx: CellContext) -> None:
     results = ctx.server.run(jobs)
     for job in jobs:
         ctx.checks.finished(job, results[job.key])
-    ctx.checks.agree_all(results, ctx.refs, "chunked prefill off")
+    _agree(ctx, jobs, results, "chunked prefill off")
     steps = sum(r.stats.step_id for r in ctx.server.stats_now() if r.stats) - before
     computed = sum(len(job.prompt) + job.params.max_tokens - 1 for job in jobs)
     ctx.checks.details.update(steps=steps, computed_tokens=computed,
@@ -260,7 +272,7 @@ def _preemption(ctx: CellContext) -> None:
     results = ctx.server.run(jobs)
     for job in jobs:
         ctx.checks.finished(job, results[job.key])
-    ctx.checks.agree_all(results, ctx.refs, "a pool that needs no preemption")
+    _agree(ctx, jobs, results, "a pool that needs no preemption")
     preemptions = sum(r.stats.num_preemptions for r in ctx.server.stats_now() if r.stats) - before
     ctx.checks.details["num_preemptions"] = preemptions
     ctx.checks.expect(preemptions > 0, f"num_preemptions stayed at {before} on a pool of {num_pages} pages "

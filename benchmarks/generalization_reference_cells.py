@@ -11,11 +11,8 @@ import dataclasses
 
 from api.generation import Generation
 from benchmarks.generalization_cell import Cell, CellContext
-from benchmarks.generalization_workload import TOP_LOGPROBS, Job, Workload, copies_of, greedy
-from core.sampling_params import SamplingParams
+from benchmarks.generalization_workload import SEED, Job, Workload, copies_of, greedy, sampled
 from procs.messages import ChatTurn
-
-SEED = 1234
 
 
 def reference_cells(workload: Workload) -> list[Cell]:
@@ -38,7 +35,8 @@ def reference_cells(workload: Workload) -> list[Cell]:
              "finish length with exactly max_tokens, other tokens than without them; the reference of the "
              "layouts' penalties job", _penalties),
         Cell("seeded sampling", "temperature 1: the same seed twice alone gives the same tokens, twice in "
-             "one batch too (and, float32, the same as alone); another seed gives other tokens", _seeded),
+             "one batch too (and, float32, the same as alone); another seed gives other tokens; the "
+             "reference of the layouts' seeded job", _seeded),
         Cell("stop string", "a string from the middle of a sampled text, and one spanning two greedy tokens: "
              "the text ends right before it, finish_reason stop, stop_reason the string", _stop_string),
         Cell("stop token id", "ignore_eos false and stop_token_ids set to a token of an earlier run (greedy, "
@@ -200,17 +198,10 @@ def _penalties(ctx: CellContext) -> None:
                                              "without": len(set(plain.token_ids)) if plain else None}
 
 
-def _sampled(max_tokens: int, seed: int, **overrides) -> SamplingParams:
-    fields = dict(max_tokens=max_tokens, temperature=1.0, top_p=1.0, top_k=0, seed=seed, ignore_eos=True,
-                  logprobs=TOP_LOGPROBS)
-    return SamplingParams(**{**fields, **overrides})
-
-
 def _seeded(ctx: CellContext) -> None:
     checks, workload = ctx.checks, ctx.workload
-    prompt, out = workload.by_length[workload.shape.block_size + 1], workload.shape.long_output
-    job = Job(f"seed{SEED}", prompt, _sampled(out, SEED))
-    other = Job(f"seed{SEED + 1}", prompt, _sampled(out, SEED + 1))
+    out = workload.shape.long_output
+    job, other = workload.seeded_job(SEED), workload.seeded_job(SEED + 1)
     first = ctx.server.run([job])[job.key]
     again = ctx.server.run([job])[job.key]
     batch = ctx.server.run([*copies_of(job), other])
@@ -227,6 +218,9 @@ def _seeded(ctx: CellContext) -> None:
                                                         f"differs from alone {first.token_ids[:8]}...")
     checks.expect(batch[other.key].token_ids != first.token_ids,
                   f"seeds {SEED} and {SEED + 1} gave the same {out} tokens")
+    if checks.passed:  # what the layouts' seeded job must reproduce: max_tokens only cuts it short
+        short = workload.layout_seeded_job()
+        ctx.refs[short.key] = _first(first, short.params.max_tokens)
 
 
 def _usable(text: str) -> bool:
@@ -246,7 +240,7 @@ def _stop_string(ctx: CellContext) -> None:
     checks, workload = ctx.checks, ctx.workload
     long_prompt = workload.shared_prefix_source().prompt
     out = workload.shape.long_output
-    sampled_job = Job("stop-sampled", long_prompt, _sampled(out, SEED))
+    sampled_job = Job("stop-sampled", long_prompt, sampled(out, SEED))
     greedy_job = Job("stop-greedy", workload.by_length[workload.shape.block_size], greedy(out))
     full = ctx.server.run([sampled_job, greedy_job])
     cases = []
@@ -285,7 +279,7 @@ def _stop_token(ctx: CellContext) -> None:
     out = workload.shape.long_output
     prompt = workload.by_length[workload.shape.block_size - 1]
     greedy_job = Job("stoptoken-greedy", prompt, greedy(out))
-    sampled_job = Job("stoptoken-sampled", prompt, _sampled(out, SEED))
+    sampled_job = Job("stoptoken-sampled", prompt, sampled(out, SEED))
     full = ctx.server.run([greedy_job, sampled_job])
     cases = []
     for job, start in ((greedy_job, 0), (sampled_job, out // 2)):

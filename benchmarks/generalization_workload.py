@@ -16,6 +16,7 @@ import numpy as np
 from core.sampling_params import SamplingParams
 
 TOP_LOGPROBS = 2  # the near-tie rule needs each position's top 2
+SEED = 1234  # of the seeded-sampling jobs
 MAX_TOKEN_ID = 150_000
 
 
@@ -34,6 +35,13 @@ def copies_of(job: Job, count: int = 2) -> list[Job]:
 def greedy(max_tokens: int, **overrides) -> SamplingParams:
     """Greedy, EOS ignored (so the count is exact), with the logprobs the comparison needs."""
     fields = dict(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=TOP_LOGPROBS)
+    return SamplingParams(**{**fields, **overrides})
+
+
+def sampled(max_tokens: int, seed: int, **overrides) -> SamplingParams:
+    """Temperature 1 over the whole vocabulary with a seed, EOS ignored."""
+    fields = dict(max_tokens=max_tokens, temperature=1.0, top_p=1.0, top_k=0, seed=seed, ignore_eos=True,
+                  logprobs=TOP_LOGPROBS)
     return SamplingParams(**{**fields, **overrides})
 
 
@@ -110,6 +118,17 @@ class Workload:
         n, out = self.shape.block_size + 1, self.shape.long_output
         params = greedy(out, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.5)
         return Job(f"penalties-len{n}/out{out}", self.by_length[n], params)
+
+    def seeded_job(self, seed: int = SEED, max_tokens: int | None = None) -> Job:
+        """Seeded sampling: the noise depends on (seed, output position, token id) only, so batching,
+        chunking, preemption (recompute) and the layouts must not change the tokens."""
+        n, out = self.shape.block_size + 1, max_tokens or self.shape.long_output
+        return Job(f"seed{seed}-len{n}/out{out}", self.by_length[n], sampled(out, seed))
+
+    def layout_seeded_job(self) -> Job:
+        """The seeded job the layouts run: short, since while one request samples, every row of a step
+        pays for the sampling noise."""
+        return self.seeded_job(max_tokens=min(16, self.shape.long_output))
 
     def alone_indices(self) -> list[int]:
         """Batch prompts also run alone: the first 7 and a few spread over the largest batch."""
