@@ -82,8 +82,8 @@ def _length_cell(length: int, workload: Workload) -> Cell:
     return Cell(f"prefill+decode, prompt {length} ({label})" if label != str(length) else
                 f"prefill+decode, prompt {length}",
                 f"alone, max_tokens {', '.join(map(str, outputs))}: finish length with exactly max_tokens "
-                f"tokens, num_prompt_tokens {length}, nothing cached; a shorter output is the start of the "
-                f"longest", run)
+                f"tokens, num_prompt_tokens {length}, nothing cached"
+                + ("; a shorter output is the start of the longest" if len(outputs) > 1 else ""), run)
 
 
 def _first(generation: Generation, num_tokens: int) -> Generation:

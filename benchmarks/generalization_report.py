@@ -32,7 +32,9 @@ def render_markdown(report: dict) -> str:
         "Each cell runs requests through the real system (launcher, tokenizer, scheduler and executor "
         "processes, the native ZeroMQ client) and checks invariants; after every cell the pool must "
         "balance: every replica alive, nothing running or waiting, no page owned, every page free or "
-        "held only by the prefix cache.",
+        "held only by the prefix cache. `--subset full` adds prompts of 1000 tokens, batches of 64 "
+        "and 256 and a max_model_len of 2048; benchmarks/generalization.py's docstring lists every "
+        "server and cell.",
         "",
         "## Machine and versions",
         "",
