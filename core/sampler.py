@@ -16,7 +16,7 @@ Per row, in this order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -43,12 +43,14 @@ class SamplingTensors:
     presence_penalty: torch.Tensor  # float32 [N]
     frequency_penalty: torch.Tensor  # float32 [N]
     num_logprobs: torch.Tensor  # int32 [N]  -1 = none, 0 = sampled token only, K = also the top K
+    random_rows: torch.Tensor  # int64 [R]  the rows with temperature > 0
     # Penalty history flattened to one entry per (row, token occurrence), only for rows with penalties.
     history_rows: torch.Tensor  # int64 [H]  row in 0..N-1
     history_ids: torch.Tensor  # int64 [H]  token id
     history_is_output: torch.Tensor  # bool [H]  False = prompt token (repetition penalty only)
     # Host-side flags, computed once so the sampler never syncs to decide what to skip.
     all_greedy: bool
+    all_random: bool  # no row is greedy
     any_penalties: bool  # some row has a non-default penalty and a non-empty history
     any_top_k: bool  # among the rows that sample randomly
     any_top_p: bool
@@ -107,10 +109,12 @@ class SamplingTensors:
             presence_penalty=put(presence, torch.float32),
             frequency_penalty=put(frequency, torch.float32),
             num_logprobs=put(num_logprobs, torch.int32),
+            random_rows=put(np.flatnonzero(random), torch.int64),
             history_rows=put(history_rows, torch.int64),
             history_ids=put(history_ids, torch.int64),
             history_is_output=put(history_is_output, torch.bool),
             all_greedy=not random.any(),
+            all_random=bool(random.all()),
             any_penalties=len(history_ids) > 0,
             any_top_k=bool((random & (top_k > 0)).any()),
             any_top_p=bool((random & (top_p < 1.0)).any()),
@@ -181,9 +185,18 @@ def _sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     greedy = logits.argmax(dim=-1)  # first maximum on CPU and CUDA: ties go to the lowest id
     if st.all_greedy:
         return greedy.to(torch.int32)
-    is_greedy = st.temperature == 0.0
-    temperature = torch.where(is_greedy, 1.0, st.temperature)
-    probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [N, V]
+    if st.all_random:
+        return _sample_random(logits, st).to(torch.int32)
+    # Noise over the whole vocabulary is the costly part: draw it for the random rows only.
+    rows = st.random_rows
+    sampled = greedy.clone()
+    sampled[rows] = _sample_random(logits[rows], _rows_of(st, rows))
+    return sampled.to(torch.int32)
+
+
+def _sample_random(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """Sampled token ids [N] of rows that all have a temperature above 0."""
+    probs = torch.softmax(logits / st.temperature[:, None], dim=-1)  # [N, V]
     if st.any_min_p:
         threshold = st.min_p[:, None] * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
@@ -191,8 +204,18 @@ def _sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         probs = _apply_top_k_top_p(probs, st)
     # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) picks token i with probability
     # p_i / sum(p), so the probabilities need no renormalization after masking.
-    sampled = (probs / exponential_noise(st.seed, st.output_pos, logits.shape[1])).argmax(dim=-1)
-    return torch.where(is_greedy, greedy, sampled).to(torch.int32)
+    return (probs / exponential_noise(st.seed, st.output_pos, logits.shape[1])).argmax(dim=-1)
+
+
+def _rows_of(st: SamplingTensors, rows: torch.Tensor) -> SamplingTensors:
+    """The per-row settings of `rows` only (the penalty history is not needed after penalties)."""
+    subset = {name: getattr(st, name)[rows] for name in _PER_ROW_FIELDS}
+    return replace(st, **subset, all_greedy=False, all_random=True,
+                   random_rows=torch.arange(rows.shape[0], device=rows.device))
+
+
+_PER_ROW_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "output_pos", "repetition_penalty",
+                   "presence_penalty", "frequency_penalty", "num_logprobs")
 
 
 def _apply_top_k_top_p(probs: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
