@@ -8,8 +8,10 @@ Both runs ask for logprobs (the sampled token's and the top 2). The rule depends
   about 1e-6; a wrong KV page moves it by 1e-2 or more even where the argmax stays the same (the
   dummy weights' greedy output repeats one token, so the token ids alone barely see the context).
 * bfloat16 / float16 (a GPU): the same token ids up to the first position where the two runs differ.
-  There the divergence is accepted only as a near-tie: in each run the two tokens are that run's
-  top 2, and that run's top-1 and top-2 logprobs are within `tie_nats` (0.05) of each other. The
+  There the divergence is accepted only as a near-tie: in each run both tokens are among that
+  run's top 5 logprobs, each within `tie_nats` (0.15) of that run's best. Logits of 8 to 16 are
+  quantized in bf16 steps of 0.0625, so 0.15 nats is two steps; with random weights three or more
+  tokens often sit that close to the top, which is why the rule looks past the top 2. The
   tokens after an accepted divergence continue different contexts and are not compared; the count
   and finish reason still must match. Logprob differences over the agreeing prefix are reported, not
   judged (bf16 batch shapes legitimately move them).
@@ -28,18 +30,18 @@ EXACT_DTYPES = ("float32",)
 class Tolerance:
     exact: bool  # float32: token ids equal and logprobs within logprob_atol
     logprob_atol: float = 1e-3  # nats, float32 only
-    tie_nats: float = 0.05  # a divergence in bf16/fp16 is a near-tie when top-1 - top-2 <= this
+    tie_nats: float = 0.15  # bf16/fp16: a divergence is a near-tie when both tokens are this near the best
 
     @classmethod
-    def for_dtype(cls, dtype: str, logprob_atol: float = 1e-3, tie_nats: float = 0.05) -> Tolerance:
+    def for_dtype(cls, dtype: str, logprob_atol: float = 1e-3, tie_nats: float = 0.15) -> Tolerance:
         return cls(exact=dtype in EXACT_DTYPES, logprob_atol=logprob_atol, tie_nats=tie_nats)
 
     def describe(self) -> str:
         if self.exact:
             return (f"token ids, count and finish identical; sampled-token logprobs within "
                     f"{self.logprob_atol:g} nats")
-        return (f"token ids identical up to a near-tie (both runs' top-1 and top-2 logprobs within "
-                f"{self.tie_nats:g} nats, the two tokens being each run's top 2); count and finish identical")
+        return (f"token ids identical up to a near-tie (in both runs both tokens within {self.tie_nats:g} "
+                f"nats of the best logprob); count and finish identical")
 
 
 @dataclass(frozen=True)
@@ -79,19 +81,26 @@ def compare(reference: Generation, actual: Generation, tolerance: Tolerance) -> 
 
 
 def _near_tie(reference: Generation, actual: Generation, position: int, tie_nats: float) -> str | None:
-    """None when the two runs' tokens at `position` are a near-tie in both runs; else why not."""
+    """None when the two runs' tokens at `position` are a near-tie in both runs; else why not.
+
+    In each run both tokens must be among its top logprobs, each within `tie_nats` of its best:
+    with random bf16 weights three or more tokens often sit within one bf16 step of the top.
+    """
     mine, theirs = reference.token_ids[position], actual.token_ids[position]
     for name, run in (("reference", reference), ("this run", actual)):
         tops = run.top_logprobs
         if tops is None or len(tops) <= position or len(tops[position]) < 2:
-            return f"{name} has no top-2 logprobs at token {position}"
-        first, second = tops[position][0], tops[position][1]
-        if {first.token_id, second.token_id} != {mine, theirs}:
-            return (f"{name}'s top 2 at token {position} are {first.token_id} and {second.token_id}, "
-                    f"not the two tokens {mine} and {theirs}")
-        gap = abs(first.logprob - second.logprob)
+            return f"{name} has no top logprobs at token {position}"
+        logprobs = {top.token_id: top.logprob for top in tops[position]}
+        if mine not in logprobs or theirs not in logprobs:
+            shown = [top.token_id for top in tops[position]]
+            return (f"{name}'s top {len(shown)} at token {position} are {shown}, not the two tokens "
+                    f"{mine} and {theirs}")
+        best = tops[position][0].logprob
+        gap = max(best - logprobs[mine], best - logprobs[theirs])
         if gap > tie_nats:
-            return f"{name}'s top-1 and top-2 logprobs are {gap:.3g} nats apart (> {tie_nats:g})"
+            return (f"{name}'s logprobs of {mine} and {theirs} are {gap:.3g} nats apart from its best "
+                    f"(> {tie_nats:g})")
     return None
 
 
