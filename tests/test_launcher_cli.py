@@ -14,22 +14,25 @@ from system_client import GREEDY, SystemClient
 from ipc.shm_ring import SHM_DIR
 
 
-def _cadence_pids() -> set[int]:
+def _cadence_pids(parent: int | None = None) -> set[int]:
+    """Processes titled cadence:*, only the children of `parent` when given."""
     pids = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if f.read().startswith(b"cadence:"):
-                        pids.add(int(entry))
-            except OSError:
+                    titled = f.read().startswith(b"cadence:")
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
+            if titled and (parent is None or ppid == parent):
+                pids.add(int(entry))
     return pids
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_launcher_serves_then_stops_on_a_signal_leaving_no_process_and_no_segment(sig):
-    before = _cadence_pids()
     shm_before = set(os.listdir(SHM_DIR))
     proc = subprocess.Popen(
         [sys.executable, "-m", "procs.launcher", "--device", "cpu", "--dp", "2", "--max-model-len", "256",
@@ -39,7 +42,7 @@ def test_launcher_serves_then_stops_on_a_signal_leaving_no_process_and_no_segmen
         line = proc.stdout.readline()
         assert line.startswith("native clients connect to ipc://"), line
         address = line.split()[-1]
-        children = _cadence_pids() - before
+        children = _cadence_pids(parent=proc.pid)
         assert len(children) == 4  # tokenizer, scheduler, two executors
         with SystemClient(address) as client:
             result = client.generate({"x": {"prompt": "hello"}}, GREEDY)["x"]
