@@ -9,11 +9,14 @@ outlives a crashed launcher.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Protocol
 
 from ipc.codec import encode
 from procs.messages import Ready
@@ -40,6 +43,35 @@ def become(title: str) -> logging.Logger:
     signal.signal(signal.SIGTERM, _raise_stopping)
     _die_with_parent()
     return logging.getLogger(title)
+
+
+class Actor(Protocol):
+    """What a child process runs once it started: its loop, then its cleanup."""
+
+    def loop(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def run_actor(ready_conn: Connection, ready: Ready, log: logging.Logger, start: Callable[[], Actor]) -> None:
+    """Start the child's actor and report READY (or the startup error, then exit 1), run its loop
+    until it returns or SIGTERM arrives, and close it. `ready` names the child; an actor with a
+    `num_pages` attribute (an executor) reports its KV pages."""
+    try:
+        actor = start()
+    except Stopping:
+        sys.exit(0)
+    except BaseException as exc:  # noqa: BLE001 - the launcher prints it and exits non-zero
+        log.exception("startup failed")
+        report_ready(ready_conn, dataclasses.replace(ready, error=f"{type(exc).__name__}: {exc}"))
+        sys.exit(1)
+    report_ready(ready_conn, dataclasses.replace(ready, num_pages=getattr(actor, "num_pages", 0)))
+    try:
+        actor.loop()
+    except Stopping:
+        pass
+    finally:
+        actor.close()
 
 
 def report_ready(conn: Connection, ready: Ready) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -23,7 +22,7 @@ import numpy as np
 from core.plan import StepResult
 from ipc.channels import PushChannel, SubChannel
 from ipc.codec import decode
-from procs.child import Stopping, become, parent_alive, report_ready
+from procs.child import become, parent_alive, run_actor
 from procs.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
 from procs.plan_receiver import BadDoorbell, PlanReceiver, Step
 from procs.step_frames import result_to_frames
@@ -35,26 +34,14 @@ def run_executor(spec_bytes: bytes, ready_conn: Connection) -> None:
     """Process entry point (multiprocessing spawn target)."""
     spec: ExecutorSpec = decode(spec_bytes)
     log = become(f"cadence:executor dp={spec.replica} tp={spec.rank}")
-    try:
-        runner = _build_runner(spec)
-    except Stopping:
-        sys.exit(0)
-    except BaseException as exc:  # noqa: BLE001 - the launcher prints it and exits non-zero
-        log.exception("startup failed")
-        report_ready(ready_conn, Ready("executor", os.getpid(), spec.replica, spec.rank,
-                                       error=f"{type(exc).__name__}: {exc}"))
-        sys.exit(1)
-    report_ready(ready_conn, Ready("executor", os.getpid(), spec.replica, spec.rank,
-                                   num_pages=runner.num_pages))
-    log.info("ready: %d KV pages of %d tokens on %s", runner.num_pages, spec.config.cache.block_size,
-             spec.device)
-    executor = Executor(spec, runner, log)
-    try:
-        executor.loop()
-    except Stopping:
-        pass
-    finally:
-        executor.close()
+
+    def start() -> Executor:
+        executor = Executor(spec, _build_runner(spec), log)
+        log.info("ready: %d KV pages of %d tokens on %s", executor.num_pages, spec.config.cache.block_size,
+                 spec.device)
+        return executor
+
+    run_actor(ready_conn, Ready("executor", os.getpid(), spec.replica, spec.rank), log, start)
 
 
 def _build_runner(spec: ExecutorSpec):
@@ -87,6 +74,10 @@ class Executor:
         self.plans = PlanReceiver(doorbell, spec.ring_name, spec.rank, spec.spin_s,
                                   register_with_cuda=spec.device.startswith("cuda"))
         self.results = PushChannel.connect(spec.results, name="results to the scheduler")
+
+    @property
+    def num_pages(self) -> int:
+        return self.runner.num_pages
 
     def loop(self) -> None:
         while True:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -28,7 +27,7 @@ from core.scheduler import RequestRejectedError, Scheduler, SchedulerError
 from ipc.channels import PubChannel, PullChannel, PushChannel, wait_readable
 from ipc.codec import CodecError, decode
 from ipc.shm_ring import RingError, StepRing, cleanup_stale, ring_name, run_prefix
-from procs.child import Stopping, become, parent_alive, report_ready
+from procs.child import become, parent_alive, run_actor
 from procs.messages import (
     AbortRequest,
     Ping,
@@ -59,27 +58,17 @@ def run_scheduler(spec_bytes: bytes, ready_conn: Connection) -> None:
     """Process entry point (multiprocessing spawn target)."""
     spec: SchedulerSpec = decode(spec_bytes)
     log = become("cadence:scheduler")
-    process = None
-    try:
+
+    def start() -> SchedulerProcess:
         process = SchedulerProcess(spec, log)
-        process.handshake(_HANDSHAKE_TIMEOUT_S)
-    except Stopping:
-        if process is not None:
+        try:
+            process.handshake(_HANDSHAKE_TIMEOUT_S)
+        except BaseException:
             process.close()
-        sys.exit(0)
-    except BaseException as exc:  # noqa: BLE001 - reported through READY; the launcher exits non-zero
-        log.exception("startup failed")
-        report_ready(ready_conn, Ready("scheduler", os.getpid(), error=f"{type(exc).__name__}: {exc}"))
-        if process is not None:
-            process.close()
-        sys.exit(1)
-    report_ready(ready_conn, Ready("scheduler", os.getpid()))
-    try:
-        process.loop()
-    except Stopping:
-        pass
-    finally:
-        process.close()
+            raise
+        return process
+
+    run_actor(ready_conn, Ready("scheduler", os.getpid()), log, start)
 
 
 @dataclass

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -23,7 +22,7 @@ from core.request import RequestOutput
 from core.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer, load_tokenizer
 from ipc.channels import ChannelError, ChannelTimeout, PullChannel, PushChannel, RouterChannel, wait_readable
 from ipc.codec import CodecError, decode
-from procs.child import Stopping, become, parent_alive, report_ready
+from procs.child import become, parent_alive, run_actor
 from procs.messages import (
     AbortRequest,
     GenerateOutput,
@@ -50,23 +49,8 @@ def run_tokenizer(spec_bytes: bytes, ready_conn: Connection) -> None:
     """Process entry point (multiprocessing spawn target)."""
     spec: TokenizerSpec = decode(spec_bytes)
     log = become("cadence:tokenizer")
-    process = None
-    try:
-        tokenizer = load_tokenizer(spec.tokenizer_path)
-        process = TokenizerProcess(spec, tokenizer, log)
-    except Stopping:
-        sys.exit(0)
-    except BaseException as exc:  # noqa: BLE001 - reported through READY
-        log.exception("startup failed")
-        report_ready(ready_conn, Ready("tokenizer", os.getpid(), error=f"{type(exc).__name__}: {exc}"))
-        sys.exit(1)
-    report_ready(ready_conn, Ready("tokenizer", os.getpid()))
-    try:
-        process.loop()
-    except Stopping:
-        pass
-    finally:
-        process.close()
+    run_actor(ready_conn, Ready("tokenizer", os.getpid()), log,
+              lambda: TokenizerProcess(spec, load_tokenizer(spec.tokenizer_path), log))
 
 
 @dataclass
