@@ -109,14 +109,16 @@ def _shape(kind: str, b: int, t: int, w: int, h: int) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=1024)  # decode steps repeat a handful of shapes
-def _layout(b: int, t: int, w: int, h: int) -> tuple[list[tuple[str, np.dtype, tuple, int]], int]:
+def _layout(b: int, t: int, w: int, h: int) -> tuple[list[tuple[str, np.dtype, tuple, int, int]], int]:
+    """(name, dtype, shape, byte offset, element count) of every array, and the total bytes."""
     offset = _HEADER_WORDS * 8
     layout = []
     for name, dtype, kind in _PLAN_ARRAYS:
         offset = -(-offset // _ALIGN) * _ALIGN
         shape = _shape(kind, b, t, w, h)
-        layout.append((name, dtype, shape, offset))
-        offset += math.prod(shape) * dtype.itemsize
+        count = math.prod(shape)
+        layout.append((name, dtype, shape, offset, count))
+        offset += count * dtype.itemsize
     return layout, offset
 
 
@@ -133,9 +135,9 @@ def pack_plan(plan: StepPlan, buffer: memoryview | np.ndarray) -> int:
     if nbytes > out.nbytes:
         raise ValueError(f"step {plan.step_id} needs {nbytes} bytes, the slot holds {out.nbytes}")
     out[: _HEADER_WORDS * 8].view(np.int64)[:6] = (plan.step_id, plan.replica, b, t, w, h)
-    for name, dtype, shape, offset in layout:
-        size = math.prod(shape) * dtype.itemsize
-        out[offset : offset + size].view(dtype)[:] = np.asarray(getattr(plan, name), dtype=dtype).ravel()
+    for name, dtype, shape, offset, count in layout:
+        if count:
+            np.frombuffer(buffer, dtype, count, offset).reshape(shape)[...] = getattr(plan, name)
     return nbytes
 
 
@@ -143,10 +145,8 @@ def unpack_plan(buffer: memoryview | np.ndarray) -> StepPlan:
     """Read a packed plan back; the arrays are views into `buffer`, not copies."""
     raw = np.frombuffer(buffer, dtype=np.uint8)
     step_id, replica, b, t, w, h = (int(x) for x in raw[: _HEADER_WORDS * 8].view(np.int64)[:6])
-    arrays = {}
-    for name, dtype, shape, offset in _layout(b, t, w, h)[0]:
-        size = math.prod(shape) * dtype.itemsize
-        arrays[name] = raw[offset : offset + size].view(dtype).reshape(shape)
+    arrays = {name: np.frombuffer(buffer, dtype, count, offset).reshape(shape) if count
+              else np.zeros(shape, dtype) for name, dtype, shape, offset, count in _layout(b, t, w, h)[0]}
     return StepPlan(step_id=step_id, replica=replica, **arrays)
 
 
