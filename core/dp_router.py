@@ -52,6 +52,3 @@ class DPRouter:
     def replica_of(self, request_id: str) -> int | None:
         routed = self._routed.get(request_id)
         return None if routed is None else routed[0]
-
-    def num_routed(self, replica: int) -> int:
-        return sum(1 for r, _ in self._routed.values() if r == replica)
