@@ -1,0 +1,220 @@
+"""Where the milliseconds of one step go: the ModelRunner alone (no scheduler, no IPC) on the GPU.
+
+    python -m benchmarks.step_profile --model qwen3-14b --batches 1,64,256 --context 2048 --out step.json
+
+For each decode batch (every request one new token at `--context` tokens of context, pages scattered):
+  graph     the captured CUDA graph alone (forward + logits), CUDA-event median;
+  execute   ModelRunner.execute: graph + sampler + tokens to the host, wall-clock median;
+  eager     the same forward launched kernel by kernel (no graph);
+  kernels   torch.profiler's sum of GPU kernel time inside one graph replay, by category (linear
+            products, attention, norms/RoPE/activation and other elementwise, sampler), and the
+            gap: graph time minus kernel time, i.e. the GPU idling between the graph's kernels.
+Plus one prefill of `--prefill-len` tokens (the TTFT's GPU share at concurrency 1) with the same
+breakdown. The floor is every weight byte read once at 4.3 TB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from core.plan import StepPlan
+from core.runner import ModelRunner
+
+CEILING_TB_S = 4.3
+CATEGORIES = (  # first match wins; kernel names lower-cased
+    ("linear", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "splitk", "matmul")),
+    ("attention", ("decode", "extend", "attention", "kv_write", "flash")),
+    ("sampler", ("argmax", "argmin", "topk", "sort", "softmax", "scatter", "gather")),
+    ("norm_rope_act", ("rms", "rope", "silu", "norm", "fused")),
+)
+
+
+def category(kernel_name: str) -> str:
+    name = kernel_name.lower()
+    for label, keys in CATEGORIES:
+        if any(k in name for k in keys):
+            return label
+    return "elementwise_other"
+
+
+def decode_plan(batch: int, context: int, block_size: int, pages_per_req: int, rng) -> StepPlan:
+    """`batch` requests at position context - 1, each on its own pages (shuffled across the pool)."""
+    pages = rng.permutation(batch * pages_per_req).astype(np.int32).reshape(batch, pages_per_req)
+    pos = np.full(batch, context - 1, np.int32)
+    slots = pages[np.arange(batch), pos // block_size].astype(np.int64) * block_size + pos % block_size
+    ones, zeros = np.ones(batch, np.float32), np.zeros(batch, np.float32)
+    return StepPlan(
+        step_id=0, replica=0, req_slot=np.arange(batch, dtype=np.int32),
+        query_start=np.arange(batch + 1, dtype=np.int32), seq_lens=np.full(batch, context, np.int32),
+        block_table=pages, logits_index=np.arange(batch, dtype=np.int32),
+        temperature=zeros, top_p=ones, top_k=np.zeros(batch, np.int32), min_p=zeros,
+        seed=np.zeros(batch, np.int64), output_pos=np.zeros(batch, np.int32), repetition_penalty=ones,
+        presence_penalty=zeros, frequency_penalty=zeros, num_logprobs=np.full(batch, -1, np.int32),
+        history_start=np.zeros(batch + 1, np.int32), history_prompt_len=np.zeros(batch, np.int32),
+        history_ids=np.zeros(0, np.int32), input_ids=rng.integers(0, 150_000, batch).astype(np.int32),
+        positions=pos, slot_mapping=slots,
+    )
+
+
+def prefill_plan(length: int, block_size: int, rng) -> StepPlan:
+    plan = decode_plan(1, length, block_size, -(-length // block_size), rng)
+    pos = np.arange(length, dtype=np.int32)
+    slots = plan.block_table[0, pos // block_size].astype(np.int64) * block_size + pos % block_size
+    return dataclasses.replace(
+        plan, query_start=np.array([0, length], np.int32), logits_index=np.array([length - 1], np.int32),
+        input_ids=rng.integers(0, 150_000, length).astype(np.int32), positions=pos, slot_mapping=slots)
+
+
+def cuda_ms(fn, repeats: int) -> float:
+    """Median CUDA-event time of fn() over `repeats` calls after two warm-ups."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def wall_ms(fn, repeats: int) -> float:
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def kernel_breakdown(fn) -> tuple[dict[str, float], int, list[tuple[str, float]]]:
+    """GPU kernel milliseconds of one fn() call by category, the kernel count, and the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    per_name: dict[str, float] = {}
+    count = 0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        ms = event.device_time / 1e3 if hasattr(event, "device_time") else event.cuda_time / 1e3
+        if ms <= 0 or "memcpy" in event.name.lower() or "memset" in event.name.lower():
+            continue
+        count += 1
+        totals[category(event.name)] = totals.get(category(event.name), 0.0) + ms
+        per_name[event.name] = per_name.get(event.name, 0.0) + ms
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:12]
+    return totals, count, [(name[:90], ms) for name, ms in top]
+
+
+def profile_decode(runner: ModelRunner, plan: StepPlan, repeats: int) -> dict:
+    row: dict = {"batch": plan.num_reqs}
+    graphs = runner.graphs
+    if graphs is not None and graphs.can_run(plan):
+        row["graph_ms"] = cuda_ms(lambda: graphs.run(plan), repeats)
+        row["kernels_ms"], row["num_kernels"], row["top"] = kernel_breakdown(lambda: graphs.run(plan))
+        row["kernels_from"] = "graph replay"
+        row["gap_ms"] = row["graph_ms"] - sum(row["kernels_ms"].values())
+    row["execute_ms"] = wall_ms(lambda: runner.execute(plan), repeats)
+    runner.graphs = None  # eager: the same forward, kernel by kernel
+    try:
+        row["eager_ms"] = wall_ms(lambda: runner.forward_logits(plan), max(3, repeats // 4))
+        if row.get("num_kernels", 0) < 10:  # no graph, or the profiler does not see inside graphs
+            row["kernels_ms"], row["num_kernels"], row["top"] = kernel_breakdown(
+                lambda: runner.forward_logits(plan))
+            row["kernels_from"] = "eager forward"
+    finally:
+        runner.graphs = graphs
+    return row
+
+
+def profile_prefill(runner: ModelRunner, plan: StepPlan, weight_bytes: int) -> dict:
+    prefill = {"tokens": plan.num_tokens, "execute_ms": wall_ms(lambda: runner.execute(plan), 5)}
+    prefill["kernels_ms"], prefill["num_kernels"], prefill["top"] = kernel_breakdown(
+        lambda: runner.execute(plan))
+    flops = 2 * (weight_bytes / 2) * plan.num_tokens  # bf16: parameters = bytes / 2
+    prefill["tflop_s"] = flops / (prefill["execute_ms"] * 1e-3) / 1e12
+    return prefill
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen3-14b")
+    parser.add_argument("--batches", default="1,64,256", help="decode batch sizes (comma-separated)")
+    parser.add_argument("--context", type=int, default=2048, help="tokens of context per decode request")
+    parser.add_argument("--prefill-len", type=int, default=1784)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.step_profile needs a CUDA GPU")
+
+    batches = [int(b) for b in args.batches.split(",")]
+    block_size = 16
+    pages_per_req = -(-(args.context + 1) // block_size)
+    model = ModelConfig.from_name(args.model)
+    config = EngineConfig(
+        model=model, cache=CacheConfig(block_size=block_size),
+        scheduler=SchedulerConfig(max_num_seqs=max(batches), max_num_batched_tokens=8192,
+                                  max_model_len=max(args.context, args.prefill_len) + 16),
+        device="cuda",
+    )
+    num_pages = max(max(batches) * pages_per_req, -(-args.prefill_len // block_size))
+    runner = ModelRunner(config, num_pages=num_pages)
+    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    floor_ms = weight_bytes / (CEILING_TB_S * 1e12) * 1e3
+    rng = np.random.default_rng(0)
+    report: dict = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
+                    "weight_gb": weight_bytes / 1e9, "weight_floor_ms": floor_ms, "decode": [], "prefill": {}}
+
+    for batch in batches:
+        plan = decode_plan(batch, args.context, block_size, pages_per_req, rng)
+        report["decode"].append(profile_decode(runner, plan, args.repeats))
+    report["prefill"] = profile_prefill(runner, prefill_plan(args.prefill_len, block_size, rng), weight_bytes)
+
+    print(f"\n{report['device']}, {args.model}: weights {report['weight_gb']:.2f} GB, "
+          f"read-once floor {floor_ms:.2f} ms per decode step\n")
+    cats = [c for c, _ in CATEGORIES] + ["elementwise_other"]
+    print(f"{'batch':>5s} {'graph':>7s} {'execute':>8s} {'eager':>7s} {'kernels':>7s} "
+          + " ".join(f"{c[:13]:>13s}" for c in cats) + f" {'gap':>6s}")
+    for row in report["decode"]:
+        k = row.get("kernels_ms", {})
+        print(f"{row['batch']:5d} {row.get('graph_ms', float('nan')):7.2f} {row['execute_ms']:8.2f} "
+              f"{row['eager_ms']:7.2f} {row.get('num_kernels', 0):7d} "
+              + " ".join(f"{k.get(c, 0.0):13.2f}" for c in cats) + f" {row.get('gap_ms', float('nan')):6.2f}")
+    prefill = report["prefill"]
+    k = prefill["kernels_ms"]
+    print(f"\nprefill {args.prefill_len} tokens: execute {prefill['execute_ms']:.1f} ms "
+          f"({prefill['tflop_s']:.0f} TFLOP/s of weight products), "
+          + ", ".join(f"{c} {k.get(c, 0.0):.1f}" for c in cats))
+    for row in report["decode"][:1] + report["decode"][-1:]:
+        print(f"\ntop kernels, decode batch {row['batch']} ({row['kernels_from']}):")
+        for name, ms in row["top"]:
+            print(f"  {ms:7.3f} ms  {name}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
