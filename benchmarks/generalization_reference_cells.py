@@ -32,8 +32,9 @@ def reference_cells(workload: Workload) -> list[Cell]:
         Cell("prefix cache off", "the prefix-cache cells' prompts twice, and one prompt twice at once: "
              "nothing cached, the second run reproduces the first, the hit counter stays 0", _cache_off),
         Cell("penalties", "greedy with repetition 1.3, presence 0.5 and frequency 0.5 penalties, alone: "
-             "finish length with exactly max_tokens, other tokens than without them; the reference of the "
-             "layouts' penalties job", _penalties),
+             "finish length with exactly max_tokens; other tokens than without them if the plain greedy run "
+             "repeats a history token, the same tokens if it never does (penalties only lower history "
+             "tokens); the reference of the layouts' penalties job", _penalties),
         Cell("seeded sampling", "temperature 1: the same seed twice alone gives the same tokens, twice in "
              "one batch too (and, float32, the same as alone); another seed gives other tokens; the "
              "reference of the layouts' seeded job", _seeded),
@@ -192,10 +193,33 @@ def _penalties(ctx: CellContext) -> None:
     if ctx.checks.finished(job, generation):
         ctx.refs[job.key] = generation
     plain = ctx.refs.get(ctx.workload.length_job(len(job.prompt), job.params.max_tokens).key)
-    ctx.checks.expect(plain is None or plain.token_ids != generation.token_ids,
-                      f"{job.key}: the penalties left the greedy tokens unchanged")
+    if plain is None:
+        return
+    # Every penalty only lowers tokens of the history (prompt and output so far). So the greedy tokens
+    # must change if the plain greedy run repeats a history token, and must not change if it never does
+    # (a random bf16 model rarely repeats: then this checks that no other token was touched).
+    first_repeat = _first_repeat(list(job.prompt), plain.token_ids)
+    if first_repeat is None:
+        ctx.checks.expect(plain.token_ids == generation.token_ids,
+                          f"{job.key}: the plain greedy run never repeats a history token, yet the "
+                          f"penalties changed its tokens")
+    else:
+        ctx.checks.expect(plain.token_ids != generation.token_ids,
+                          f"{job.key}: the plain greedy run repeats a history token at output "
+                          f"{first_repeat}, yet the penalties left its tokens unchanged")
+    ctx.checks.details["plain_first_repeat"] = first_repeat
     ctx.checks.details["distinct_tokens"] = {"with": len(set(generation.token_ids)),
-                                             "without": len(set(plain.token_ids)) if plain else None}
+                                             "without": len(set(plain.token_ids))}
+
+
+def _first_repeat(prompt: list[int], output: list[int]) -> int | None:
+    """Index of the first output token already in the prompt or the output before it, or None."""
+    seen = set(prompt)
+    for i, token in enumerate(output):
+        if token in seen:
+            return i
+        seen.add(token)
+    return None
 
 
 def _seeded(ctx: CellContext) -> None:

@@ -95,20 +95,22 @@ class SamplingTensors:
 
         random = temperature != 0.0
 
+        # Two host-to-device copies for the per-row settings (one float32, one int64 block), and one
+        # per non-empty ragged array: each copy from pageable memory waits for the GPU queue.
+        floats = torch.from_numpy(np.stack([temperature, top_p, min_p, repetition, presence, frequency])
+                                  .astype(np.float32, copy=False)).to(device)
+        ints = torch.from_numpy(np.stack([top_k, plan.seed[rows], plan.output_pos[rows], num_logprobs])
+                                .astype(np.int64, copy=False)).to(device)
+
         def put(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            if not len(array):
+                return torch.empty(0, dtype=dtype, device=device)
             return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
 
         return cls(
-            temperature=put(temperature, torch.float32),
-            top_p=put(top_p, torch.float32),
-            top_k=put(top_k, torch.int64),
-            min_p=put(min_p, torch.float32),
-            seed=put(plan.seed[rows], torch.int64),
-            output_pos=put(plan.output_pos[rows], torch.int64),
-            repetition_penalty=put(repetition, torch.float32),
-            presence_penalty=put(presence, torch.float32),
-            frequency_penalty=put(frequency, torch.float32),
-            num_logprobs=put(num_logprobs, torch.int32),
+            temperature=floats[0], top_p=floats[1], min_p=floats[2], repetition_penalty=floats[3],
+            presence_penalty=floats[4], frequency_penalty=floats[5],
+            top_k=ints[0], seed=ints[1], output_pos=ints[2], num_logprobs=ints[3].to(torch.int32),
             random_rows=put(np.flatnonzero(random), torch.int64),
             history_rows=put(history_rows, torch.int64),
             history_ids=put(history_ids, torch.int64),
