@@ -156,6 +156,23 @@ def profile_prefill(runner: ModelRunner, plan: StepPlan, weight_bytes: int) -> d
     return prefill
 
 
+def memory_breakdown(runner: ModelRunner) -> dict:
+    """What the KV-pool sizing sees: the weights, and the peak of the warm-up step above them, with the
+    operators that allocated most during that step (torch.profiler's memory view)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gib = 2**30
+    weights = torch.cuda.memory_allocated()
+    peak = runner.profile_peak_memory()
+    with profile(activities=[ProfilerActivity.CUDA], profile_memory=True) as prof:
+        runner.profile_peak_memory()
+    ops = sorted(((e.key, e.self_device_memory_usage) for e in prof.key_averages()),
+                 key=lambda kv: -kv[1])[:10]
+    return {"allocated_before_kv_gib": weights / gib, "profile_peak_gib": peak / gib,
+            "step_peak_above_weights_gib": (peak - weights) / gib,
+            "top_allocating_ops_gib": [(name, usage / gib) for name, usage in ops]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-14b")
@@ -180,11 +197,13 @@ def main() -> None:
     )
     num_pages = max(max(batches) * pages_per_req, -(-args.prefill_len // block_size))
     runner = ModelRunner(config, num_pages=num_pages)
+    memory = memory_breakdown(runner)  # KV cache and graphs already allocated: count from here
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     floor_ms = weight_bytes / (CEILING_TB_S * 1e12) * 1e3
     rng = np.random.default_rng(0)
     report: dict = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
-                    "weight_gb": weight_bytes / 1e9, "weight_floor_ms": floor_ms, "decode": [], "prefill": {}}
+                    "weight_gb": weight_bytes / 1e9, "weight_floor_ms": floor_ms, "memory": memory,
+                    "decode": [], "prefill": {}}
 
     for batch in batches:
         plan = decode_plan(batch, args.context, block_size, pages_per_req, rng)
@@ -206,6 +225,11 @@ def main() -> None:
     print(f"\nprefill {args.prefill_len} tokens: execute {prefill['execute_ms']:.1f} ms "
           f"({prefill['tflop_s']:.0f} TFLOP/s of weight products), "
           + ", ".join(f"{c} {k.get(c, 0.0):.1f}" for c in cats))
+    print(f"\nmemory: {memory['allocated_before_kv_gib']:.2f} GiB allocated (weights, this KV pool, graphs); "
+          f"the {config.scheduler.max_num_batched_tokens}-token warm-up step peaks "
+          f"{memory['step_peak_above_weights_gib']:.2f} GiB above that; top allocators:")
+    for name, usage in memory["top_allocating_ops_gib"]:
+        print(f"  {usage:7.3f} GiB  {name[:90]}")
     for row in report["decode"][:1] + report["decode"][-1:]:
         print(f"\ntop kernels, decode batch {row['batch']} ({row['kernels_from']}):")
         for name, ms in row["top"]:
