@@ -5,8 +5,8 @@
 
 Reads the JSON that `python -m benchmarks.suite` left (c1.json, c16.json, ..., peer.json), and
 optionally broadcast.json (`python -m benchmarks.broadcast`) and the JSON of
-`python -m benchmarks.kernels` (given with --kernels). Every table row names the command that
-made it. performance.json
+`python -m benchmarks.kernels` (given with --kernels) and of `python -m benchmarks.step_profile`
+(--step-profile). Every table row names the command that made it. performance.json
 holds the same figures for programs (each run's load-tool JSON without its per-request arrays),
 plus `peer_ratio` = Cadence's total token throughput over the peer's on the same workload.
 """
@@ -206,9 +206,45 @@ def markdown(figures: dict, notes: str) -> str:
                          f"{row['graph_tb_s']:.2f} | {row['graph_tb_s'] / k['ceiling_tb_s']:.0%} | "
                          f"{_fmt(row['tflops'])} | {_fmt(row['error'], 4) if row['error'] else 'n/a'} |")
         lines.append("")
+    if "step_profile" in figures:
+        lines += _step_profile_lines(figures["step_profile"])
     if notes:
         lines += [notes.strip(), ""]
     return "\n".join(lines)
+
+
+def _step_profile_lines(sp: dict) -> list[str]:
+    """Where one step's milliseconds go (python -m benchmarks.step_profile)."""
+    cats = ("linear", "attention", "norm_rope_act", "elementwise_other", "sampler")
+    lines = ["## One step, where the time goes", "",
+             f"`python -m benchmarks.step_profile --model {sp['model']} --context {sp['context']}` on "
+             f"{sp['device']}: the ModelRunner alone (no scheduler, no IPC), decode requests at "
+             f"{sp['context']} tokens of context. Weights {sp['weight_gb']:.2f} GB: reading each byte once "
+             f"at 4.3 TB/s takes {sp['weight_floor_ms']:.2f} ms. `graph` is the CUDA graph (forward and "
+             "logits), `execute` adds the sampler and the tokens' trip to the host, `eager` launches the "
+             "same forward kernel by kernel; the kernel columns are GPU time by category of one step "
+             f"(measured in: {', '.join(sorted({r.get('kernels_from', '?') for r in sp['decode']}))}), "
+             "`gap` the graph's time with no kernel running.", "",
+             "| batch | graph ms | execute ms | eager ms | kernels | " + " | ".join(cats) + " | gap ms |",
+             "| --- " * (6 + len(cats)) + "|"]
+    for row in sp["decode"]:
+        k = row.get("kernels_ms", {})
+        lines.append(f"| {row['batch']} | {_fmt(row.get('graph_ms'), 2)} | {_fmt(row['execute_ms'], 2)} | "
+                     f"{_fmt(row['eager_ms'], 2)} | {row.get('num_kernels', 0)} | "
+                     + " | ".join(_fmt(k.get(c, 0.0), 2) for c in cats)
+                     + f" | {_fmt(row.get('gap_ms'), 2)} |")
+    pre = sp["prefill"]
+    k = pre["kernels_ms"]
+    lines += ["", f"Prefill of {pre['tokens']} tokens (one request): {pre['execute_ms']:.1f} ms, "
+              f"{pre['tflop_s']:.0f} TFLOP/s counting the weight products only; GPU time "
+              + ", ".join(f"{c} {k.get(c, 0.0):.1f} ms" for c in cats) + "."]
+    mem = sp.get("memory")
+    if mem:
+        lines += ["", f"Memory: the warm-up step that sizes the KV pool peaks "
+                  f"{mem['step_peak_above_weights_gib']:.2f} GiB above the resident weights; its largest "
+                  "allocators: " + ", ".join(f"{name} {gib:.2f} GiB"
+                                             for name, gib in mem["top_allocating_ops_gib"][:5]) + "."]
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -220,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", required=True, help="the directory of run JSON files")
     p.add_argument("--machine", required=True, help="what the runs ran on, in words")
     p.add_argument("--kernels", help="the JSON of python -m benchmarks.kernels, for its table")
+    p.add_argument("--step-profile", help="the JSON of python -m benchmarks.step_profile, for its table")
     p.add_argument("--notes", help="a Markdown file appended to the report (findings, known issues)")
     p.add_argument("--out-dir", default="docs/reports", help="where performance.md/.json go")
     args = p.parse_args(argv)
@@ -227,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.kernels:
         with open(args.kernels) as f:
             figures["kernels"] = json.load(f)
+    if args.step_profile:
+        with open(args.step_profile) as f:
+            figures["step_profile"] = json.load(f)
     notes = ""
     if args.notes:
         with open(args.notes) as f:
