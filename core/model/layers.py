@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.distributed import TPGroup
+from core.model.fused import add_rms_norm, rms_norm
 
 
 @dataclass(frozen=True)
@@ -42,17 +43,19 @@ class CheckpointSlice:
 
 
 class RMSNorm(nn.Module):
+    """Normalises in float32, then scales in the input dtype, as the reference Qwen3 does. Given the
+    residual stream too, adds x to it first (one fused kernel) and returns (normed, new residual)."""
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32, then scale in the input dtype, as the reference Qwen3 does.
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
     def checkpoint_slices(self, prefix: str) -> dict[str, tuple[str, CheckpointSlice]]:
         return {f"{prefix}.weight": ("weight", CheckpointSlice(tuple(self.weight.shape)))}
@@ -159,7 +162,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 
 class RotaryEmbedding(nn.Module):
-    """Qwen3's RoPE (rotate-half form), with cos/sin precomputed in float32 for every position."""
+    """Qwen3's RoPE (rotate-half form): cos/sin precomputed in float32 for every position, applied
+    together with the q/k norm by `core.model.fused.qk_norm_rope`."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
@@ -168,14 +172,3 @@ class RotaryEmbedding(nn.Module):
         # [max_positions, head_dim / 2] each; not parameters, not in the checkpoint.
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
-
-    def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # x: [T, heads, head_dim]; cos/sin: [T, 1, head_dim / 2]
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        out = []
-        for x in xs:
-            x1, x2 = x.float().chunk(2, dim=-1)
-            rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-            out.append(rotated.to(x.dtype))
-        return tuple(out)

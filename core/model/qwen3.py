@@ -2,19 +2,21 @@
 
 The modules mirror the Hugging Face checkpoint (`Qwen3Attention`, `Qwen3MLP`, ...), so every
 checkpoint tensor maps to one parameter slice (`checkpoint_slices`). q/k/v and gate/up are packed
-into one column-parallel matmul each; o_proj and down_proj are row-parallel and all-reduce.
+into one column-parallel matmul each; o_proj and down_proj are row-parallel and all-reduce. The
+elementwise work between the matmuls runs as fused kernels (core/model/fused.py); for that the
+residual stream travels beside each layer's output, as in vLLM, and the next norm adds it.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from core.attention.backend import AttentionBackend, AttentionMetadata
 from core.config import ModelConfig
 from core.distributed import TPGroup
 from core.kv.kv_cache import KVCache
+from core.model.fused import qk_norm_rope, silu_mul
 from core.model.layers import (
     CheckpointSlice,
     ColumnParallelLinear,
@@ -55,10 +57,11 @@ class Qwen3Attention(nn.Module):
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # [T, heads, head_dim]; Qwen3 normalises q and k per head before RoPE.
-        q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
+        q, k = qk_norm_rope(q.reshape(num_tokens, self.num_heads, self.head_dim),
+                            k.reshape(num_tokens, self.num_kv_heads, self.head_dim),
+                            self.q_norm.weight, self.k_norm.weight, rope.cos, rope.sin, positions,
+                            self.q_norm.eps)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rope(positions, q, k)
         k_cache, v_cache = kv_cache.layer(self.layer_index)
         out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
@@ -75,15 +78,13 @@ class Qwen3Attention(nn.Module):
 class Qwen3MLP(nn.Module):
     def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
-        self.local_intermediate = config.intermediate_size // tp.size
         self.gate_up_proj = ColumnParallelLinear(
             config.hidden_size, [config.intermediate_size] * 2, ["gate_proj", "up_proj"], tp
         )
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.local_intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
     def checkpoint_slices(self, prefix: str) -> SliceMap:
         return {
@@ -100,10 +101,17 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = Qwen3MLP(config, tp)
 
-    def forward(self, hidden, positions, rope, kv_cache, backend, meta) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(hidden), positions, rope, kv_cache, backend, meta)
-        hidden = hidden + attended
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, hidden, residual, positions, rope, kv_cache, backend, meta
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) -> (mlp output, residual stream before it); their sum is the layer's
+        output. The first layer gets residual None: its input is the embedding."""
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, positions, rope, kv_cache, backend, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
     def checkpoint_slices(self, prefix: str) -> SliceMap:
         return {
@@ -125,10 +133,11 @@ class Qwen3Model(nn.Module):
         self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
 
     def forward(self, input_ids, positions, kv_cache, backend, meta) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden]
         for layer in self.layers:
-            hidden = layer(hidden, positions, self.rope, kv_cache, backend, meta)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, positions, self.rope, kv_cache, backend, meta)
+        hidden, _ = self.norm(hidden, residual)  # num_layers > 0 (ModelConfig checks): a residual
+        return hidden
 
     def checkpoint_slices(self, prefix: str) -> SliceMap:
         slices = {
