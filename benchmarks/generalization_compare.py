@@ -9,9 +9,16 @@ Both runs ask for logprobs (the sampled token's and the top 2). The rule depends
   dummy weights' greedy output repeats one token, so the token ids alone barely see the context).
 * bfloat16 / float16 (a GPU): the same token ids up to the first position where the two runs differ.
   There the divergence is accepted only as a near-tie: in each run both tokens are among that
-  run's top 5 logprobs, each within `tie_nats` (0.15) of that run's best. Logits of 8 to 16 are
-  quantized in bf16 steps of 0.0625, so 0.15 nats is two steps; with random weights three or more
-  tokens often sit that close to the top, which is why the rule looks past the top 2. The
+  run's top 20 logprobs, each within `tie_nats` (0.35) of that run's best. Another batch shape,
+  chunk split or TP split picks other GEMM kernels, and over 40 layers of random bf16 weights that
+  moves a sampled token's logprob by about 0.2 nats over prefixes where the two runs agree (the
+  largest `max_logprob_diff` of two H200 runs of the matrix: 0.157 and 0.219); the gap between two
+  tokens moves by up to twice that, and 0.35 nats accepts the drifts seen without accepting any
+  token from outside the top group. The dummy weights' distribution is flat (many tokens within one
+  bf16 step of the top), which is why the rule looks past the top 2. This rule catches gross errors
+  (a wrong layer, wrong positions, garbage pages); a subtly wrong KV page can hide under bf16 noise,
+  and the float32 rule on the CPU (a wrong page moves a logprob by 1e-2, the limit is 1e-3) is what
+  pins the paging down. The
   tokens after an accepted divergence continue different contexts and are not compared; the count
   and finish reason still must match. Logprob differences over the agreeing prefix are reported, not
   judged (bf16 batch shapes legitimately move them).
@@ -30,10 +37,10 @@ EXACT_DTYPES = ("float32",)
 class Tolerance:
     exact: bool  # float32: token ids equal and logprobs within logprob_atol
     logprob_atol: float = 1e-3  # nats, float32 only
-    tie_nats: float = 0.15  # bf16/fp16: a divergence is a near-tie when both tokens are this near the best
+    tie_nats: float = 0.35  # bf16/fp16: a divergence is a near-tie when both tokens are this near the best
 
     @classmethod
-    def for_dtype(cls, dtype: str, logprob_atol: float = 1e-3, tie_nats: float = 0.15) -> Tolerance:
+    def for_dtype(cls, dtype: str, logprob_atol: float = 1e-3, tie_nats: float = 0.35) -> Tolerance:
         return cls(exact=dtype in EXACT_DTYPES, logprob_atol=logprob_atol, tie_nats=tie_nats)
 
     def describe(self) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 
 from core.sampling_params import SamplingParams
 
-TOP_LOGPROBS = 5  # the near-tie rule looks for both diverging tokens among each run's top 5
+TOP_LOGPROBS = 20  # the API's most: the near-tie rule looks for both diverging tokens among them
 SEED = 1234  # of the seeded-sampling jobs
 MAX_TOKEN_ID = 150_000
 

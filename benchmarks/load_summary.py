@@ -20,6 +20,13 @@ if TYPE_CHECKING:
     from benchmarks.load import LoadRun
 
 
+def tokens_per_second(times_s: list[float]) -> list[int]:
+    """Streamed output tokens in each whole second since the run started (second 0 first)."""
+    if not times_s:
+        return []
+    return np.bincount(np.floor(np.asarray(times_s)).astype(np.int64)).tolist()
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {k: 0.0 for k in ("mean", "median", "p90", "p99", "max")}
@@ -103,7 +110,7 @@ def summarize(
             for _, t in run.timings
         ],
         "kv_usage_over_time": [(ts - run_start_s, g.kv_cache_usage) for ts, g in run.gauges],
-        "token_times_s": sorted(c - run_start_s for _, t in done for c in t.chunk_s),
+        "output_tokens_per_second": tokens_per_second([c - run_start_s for _, t in done for c in t.chunk_s]),
     }
     if args.dataset == "shared-prefix":
         result["ideal_prefix_cache_hit_rate"] = ideal_prefix_hit_rate(
@@ -178,11 +185,9 @@ def write_plots(result: dict, directory: str) -> list[str]:
     plt.close(fig)
 
     fig, ax1 = plt.subplots(figsize=(10, 4))
-    times = np.asarray(result["token_times_s"])
-    if len(times):
-        bins = np.arange(0, times.max() + 1.0, 1.0)
-        counts, edges = np.histogram(times, bins=bins if len(bins) > 1 else 1)
-        ax1.plot(edges[:-1], counts, label="output tokens/s")
+    counts = result["output_tokens_per_second"]
+    if counts:
+        ax1.plot(np.arange(len(counts)), counts, label="output tokens/s")
     ax1.set_xlabel("time (s)")
     ax1.set_ylabel("output tokens per second")
     ax2 = ax1.twinx()

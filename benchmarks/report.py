@@ -20,7 +20,7 @@ import platform
 import subprocess
 
 ORDER = ("chat", "c1", "c16", "c64", "c302", "prefix_on", "prefix_off", "dp2", "peer_cadence", "tp2")
-_BULKY = ("requests", "token_times_s", "kv_usage_over_time")
+_BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time")
 
 # Issue targets (Qwen3-14B, bf16, one H200) and vLLM's figures on the same workloads.
 TARGETS = [
@@ -240,10 +240,13 @@ def _step_profile_lines(sp: dict) -> list[str]:
               + ", ".join(f"{c} {k.get(c, 0.0):.1f} ms" for c in cats) + "."]
     mem = sp.get("memory")
     if mem:
-        lines += ["", f"Memory: the warm-up step that sizes the KV pool peaks "
-                  f"{mem['step_peak_above_weights_gib']:.2f} GiB above the resident weights; its largest "
-                  "allocators: " + ", ".join(f"{name} {gib:.2f} GiB"
-                                             for name, gib in mem["top_allocating_ops_gib"][:5]) + "."]
+        allocators = [(name, gib) for name, gib in mem["top_allocating_ops_gib"] if gib >= 0.01][:5]
+        text = (f"Memory: {mem['allocated_before_kv_gib']:.2f} GiB resident (weights, the KV pool of this "
+                f"run, graphs); the warm-up step that sizes the KV pool peaks "
+                f"{mem['step_peak_above_weights_gib']:.2f} GiB above that")
+        if allocators:
+            text += "; its largest allocators: " + ", ".join(f"{n[:60]} {g:.2f} GiB" for n, g in allocators)
+        lines += ["", text + "."]
     return [*lines, ""]
 
 

@@ -173,6 +173,7 @@ def memory_breakdown(runner: ModelRunner) -> dict:
             "top_allocating_ops_gib": [(name, usage / gib) for name, usage in ops]}
 
 
+@torch.inference_mode()  # the runner's buffers and graphs are inference tensors
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-14b")
