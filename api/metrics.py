@@ -5,7 +5,9 @@ Two sources, one registry per app (so several apps in one process never collide)
 * engine state, read from the latest ServerInfo when /metrics is scraped, per replica (labels
   model_name, replica): gauges num_requests_running, num_requests_waiting, kv_cache_usage_perc
   (a fraction, 0..1, as in vLLM), replica_up; counters prefix_cache_queries and prefix_cache_hits
-  (tokens), num_preemptions, prompt_tokens, generation_tokens (exposed with `_total`).
+  (tokens), num_preemptions, prompt_tokens, generation_tokens, and Cadence's own step_execute_seconds
+  and step_wait_seconds (the executor's time running steps and waiting for the next plan between
+  back-to-back steps; their ratio is the GPU's idle share), all exposed with `_total`.
 * request timings, observed in the api process (label model_name; the api does not learn which
   replica ran a request): histograms time_to_first_token_seconds, inter_token_latency_seconds,
   e2e_request_latency_seconds, and the counter request_success (label finished_reason).
@@ -140,4 +142,14 @@ class _EngineCollector(Collector):
             for replica in replicas:
                 if replica.stats is not None:
                     family.add_metric([self.model_name, str(replica.replica)], float(value(replica.stats)))
+            yield family
+        step_counters = {
+            "step_execute_seconds": ("Seconds TP rank 0 spent running steps.", lambda r: r.step_execute_s),
+            "step_wait_seconds": ("Seconds TP rank 0 waited for the next plan between back-to-back steps "
+                                  "(its GPU idle while the scheduler had work).", lambda r: r.step_wait_s),
+        }
+        for name, (doc, value) in step_counters.items():
+            family = CounterMetricFamily(f"{PREFIX}{name}", doc, labels=labels)
+            for replica in replicas:
+                family.add_metric([self.model_name, str(replica.replica)], float(value(replica)))
             yield family

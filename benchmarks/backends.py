@@ -38,6 +38,8 @@ class ServerGauges:
     prefix_cache_queries: float  # tokens, since start
     prefix_cache_hits: float
     num_running: float
+    step_execute_s: float = 0.0  # summed over replicas, since start
+    step_wait_s: float = 0.0  # waiting for the next plan between back-to-back steps
 
 
 class HttpBackend:
@@ -137,6 +139,8 @@ class HttpBackend:
             total("prefix_cache_queries"),
             total("prefix_cache_hits"),
             total("num_requests_running"),
+            total("step_execute_seconds"),
+            total("step_wait_seconds"),
         )
 
 
@@ -200,4 +204,6 @@ class ZmqBackend:
             sum(s.prefix_cache_query_tokens for s in stats),
             sum(s.prefix_cache_hit_tokens for s in stats),
             sum(s.num_running for s in stats),
+            sum(r.step_execute_s for r in info.replicas),
+            sum(r.step_wait_s for r in info.replicas),
         )

@@ -8,7 +8,9 @@ Requests arrive at --request-rate per second (gamma-distributed gaps, --burstine
 inf = all at once), at most --max-concurrency in flight. Every request streams; the report has
 TTFT (time to the first token), TPOT (time per output token after the first), ITL (gaps between
 chunks) and end-to-end latency as mean/median/p90/p99/max, token throughputs, the prefix-cache hit
-rate over the run (from the server's counters) and KV-cache usage sampled during the run.
+rate over the run (from the server's counters), KV-cache usage sampled during the run, and the GPU's
+idle share between back-to-back steps (the executors' wait for the next plan against their time
+running steps, from the server's counters; key `step_wait`).
 Warm-up requests run first and are left out of every figure.
 """
 

@@ -61,11 +61,16 @@ def summarize(
     output_tokens = sum(t.output_tokens for _, t in done)
     usage = [g.kv_cache_usage for _, g in run.gauges]
     hit_rate = None
+    step_wait = None
     if run.gauges and gauges_before is not None:
         last = run.gauges[-1][1]
         queries = last.prefix_cache_queries - gauges_before.prefix_cache_queries
         hits = last.prefix_cache_hits - gauges_before.prefix_cache_hits
         hit_rate = hits / queries if queries > 0 else 0.0
+        executed = last.step_execute_s - gauges_before.step_execute_s
+        waited = last.step_wait_s - gauges_before.step_wait_s
+        if executed + waited > 0:
+            step_wait = {"execute_s": executed, "wait_s": waited, "fraction": waited / (executed + waited)}
     result = {
         "label": args.label,
         "backend": args.backend,
@@ -109,6 +114,9 @@ def summarize(
             }
             for _, t in run.timings
         ],
+        # The executors' time between back-to-back steps waiting for the next plan (the GPU idle),
+        # against their time running steps, from /metrics deltas over the run.
+        "step_wait": step_wait,
         "kv_usage_over_time": [(ts - run_start_s, g.kv_cache_usage) for ts, g in run.gauges],
         "output_tokens_per_second": tokens_per_second([c - run_start_s for _, t in done for c in t.chunk_s]),
     }
@@ -145,6 +153,10 @@ def print_table(result: dict) -> None:
     kv = result["kv_cache_usage"]
     if kv["mean"] is not None:
         rows.append(("KV cache usage mean / peak", f"{kv['mean']:.1%} / {kv['peak']:.1%}"))
+    wait = result.get("step_wait")
+    if wait is not None:
+        rows.append(("GPU idle between steps", f"{wait['fraction']:.1%} ({wait['wait_s']:.2f} s waiting, "
+                                                f"{wait['execute_s']:.2f} s running steps)"))
     width = max(len(r[0]) for r in rows)
     print("=" * (width + 24))
     for name, value in rows:

@@ -95,14 +95,16 @@ def markdown(figures: dict, notes: str) -> str:
             "",
             "| run | done/failed | req/s | output tok/s | total tok/s | TTFT median / p99 ms | "
             "TPOT median / p99 ms | ITL p99 ms | E2E median / p99 ms | max conc. | prefix hit | "
-            "KV mean / peak |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "KV mean / peak | GPU idle between steps |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for key in runs:
             r = figures[key]
             hit = r.get("prefix_cache_hit_rate")
             kv = r.get("kv_cache_usage") or {}
             kv_text = "n/a" if kv.get("mean") is None else f"{kv['mean']:.1%} / {kv['peak']:.1%}"
+            wait = r.get("step_wait")
+            wait_text = "n/a" if wait is None else f"{wait['fraction']:.1%}"
             lines.append(
                 f"| {key} | {r['completed']}/{r['failed']} | {_fmt(r['request_throughput'], 2)} | "
                 f"{_fmt(r['output_throughput'])} | {_fmt(r['total_token_throughput'])} | "
@@ -110,7 +112,8 @@ def markdown(figures: dict, notes: str) -> str:
                 f"{_fmt(r['tpot_ms']['median'], 2)} / {_fmt(r['tpot_ms']['p99'], 2)} | "
                 f"{_fmt(r['itl_ms']['p99'], 2)} | "
                 f"{_fmt(r['e2e_ms']['median'])} / {_fmt(r['e2e_ms']['p99'])} | "
-                f"{r['max_concurrency_reached']} | {'n/a' if hit is None else f'{hit:.1%}'} | {kv_text} |"
+                f"{r['max_concurrency_reached']} | {'n/a' if hit is None else f'{hit:.1%}'} | {kv_text} | "
+                f"{wait_text} |"
             )
         lines += ["", "Commands:", ""]
         for key in runs:
@@ -163,6 +166,12 @@ def markdown(figures: dict, notes: str) -> str:
         target_rows.append(
             f"| shared-prefix hit rate / ideal | {value:.1%} | >= 90 % | | "
             f"{'met' if value >= 0.9 else 'missed'} |"
+        )
+    wait = figures.get("c302", {}).get("step_wait")
+    if wait is not None:
+        target_rows.append(
+            f"| c302 GPU idle between steps | {wait['fraction']:.1%} | <= 3 % | | "
+            f"{'met' if wait['fraction'] <= 0.03 else 'missed'} |"
         )
     if "peer_ratio" in figures:
         value = figures["peer_ratio"]

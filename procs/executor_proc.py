@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -74,6 +75,7 @@ class Executor:
         self.plans = PlanReceiver(doorbell, spec.ring_name, spec.rank, spec.spin_s,
                                   register_with_cuda=spec.device.startswith("cuda"))
         self.results = PushChannel.connect(spec.results, name="results to the scheduler")
+        self._replied_s: float | None = None  # when the last result went out
 
     @property
     def num_pages(self) -> int:
@@ -98,7 +100,12 @@ class Executor:
                 self.step(msg)
 
     def step(self, step: Step) -> None:
-        """Run one step and reply: rank 0 always, any rank when the step failed on it."""
+        """Run one step and reply: rank 0 always, any rank when the step failed on it.
+
+        The reply's timings carry `wait`: milliseconds from this executor's previous reply to this
+        plan in hand, during which its GPU had nothing queued. The scheduler counts it only between
+        back-to-back steps (when it had work for this replica all along)."""
+        waited_ms = None if self._replied_s is None else (time.perf_counter() - self._replied_s) * 1e3
         try:
             result = self.runner.execute(step.plan)
         except Exception as exc:  # the step's requests fail with this message; the loop lives on
@@ -113,9 +120,13 @@ class Executor:
             return
         if result.error is not None:
             self.results.send(StepDone(self.spec.replica, self.spec.rank, step.step_id, error=result.error))
+            self._replied_s = time.perf_counter()
             return
+        if waited_ms is not None:
+            result.timings_ms["wait"] = waited_ms
         done, payload = result_to_frames(result, self.spec.rank)
         self.results.send(done, frames=payload)
+        self._replied_s = time.perf_counter()
 
     def close(self) -> None:
         self.plans.close()

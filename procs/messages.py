@@ -119,6 +119,10 @@ class ReplicaInfo:
     reason: str | None  # why it is down
     num_pages: int
     stats: SchedulerStats | None
+    # Since start, from TP rank 0's step timings: seconds running steps, and seconds waiting for the
+    # next plan between back-to-back steps (the scheduler had work all along; the GPU sat idle).
+    step_execute_s: float = 0.0
+    step_wait_s: float = 0.0
 
 
 @message

@@ -75,6 +75,7 @@ def run_scheduler(spec_bytes: bytes, ready_conn: Connection) -> None:
 class InFlight:
     plan: StepPlan
     sent_s: float
+    back_to_back: bool = False  # launched while the replica had work since its previous step
 
 
 class Replica:
@@ -100,6 +101,15 @@ class Replica:
         self.alive = True
         self.down_reason: str | None = None
         self.in_flight: InFlight | None = None
+        self.has_work = False  # unfinished requests after the last step came back
+        self.step_execute_s = 0.0
+        self.step_wait_s = 0.0
+
+    def record_timings(self, flight: InFlight, timings_ms: dict[str, float]) -> None:
+        """Add a finished step's executor timings; its wait counts only after a back-to-back launch."""
+        self.step_execute_s += timings_ms.get("execute", 0.0) / 1e3
+        if flight.back_to_back:
+            self.step_wait_s += timings_ms.get("wait", 0.0) / 1e3
 
     def executors(self, ranks: list[int] | None = None) -> str:
         ranks = list(range(self.tp_size)) if ranks is None else ranks
@@ -107,7 +117,8 @@ class Replica:
 
     def info(self) -> ReplicaInfo:
         stats = self.scheduler.stats() if self.alive else None
-        return ReplicaInfo(self.index, self.alive, self.down_reason, self.num_pages, stats)
+        return ReplicaInfo(self.index, self.alive, self.down_reason, self.num_pages, stats,
+                           self.step_execute_s, self.step_wait_s)
 
     def close(self) -> None:
         self.doorbell.close()
@@ -219,7 +230,7 @@ class SchedulerProcess:
             frame = bytearray(nbytes)
             pack_plan(plan, frame)
             replica.doorbell.send(StepReady(plan.step_id, -1), frames=[frame])
-        replica.in_flight = InFlight(plan, time.monotonic())
+        replica.in_flight = InFlight(plan, time.monotonic(), back_to_back=replica.has_work)
 
     def emit(self) -> None:
         for rejected in self._rejected:
@@ -303,7 +314,9 @@ class SchedulerProcess:
             self.take_down(replica.index, f"replica {replica.index}: bad result: {exc}")
             return
         replica.in_flight = None
+        replica.record_timings(flight, result.timings_ms)
         self._pending.extend(replica.scheduler.update(plan, result))
+        replica.has_work = replica.scheduler.has_unfinished()
 
     # --- faults ---------------------------------------------------------------------------------
 

@@ -92,7 +92,8 @@ class FakeTokenizer:
         self.step_s = step_s
         self.serving = True
         self.replicas = [
-            ReplicaInfo(replica=0, alive=True, reason=None, num_pages=128, stats=default_stats()),
+            ReplicaInfo(replica=0, alive=True, reason=None, num_pages=128, stats=default_stats(),
+                        step_execute_s=2.5, step_wait_s=0.125),
             ReplicaInfo(replica=1, alive=False, reason="executor dp=1 tp=0 died", num_pages=128, stats=None),
         ]
         self.received: list[object] = []

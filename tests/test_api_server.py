@@ -390,6 +390,9 @@ def test_metrics_parse_and_carry_engine_and_request_figures(port):
     assert value("cadence:prefix_cache_queries", "cadence:prefix_cache_queries_total", replica="0") == 1000
     assert value("cadence:prefix_cache_hits", "cadence:prefix_cache_hits_total", replica="0") == 400
     assert value("cadence:num_preemptions", "cadence:num_preemptions_total", replica="0") == 5
+    assert value("cadence:step_execute_seconds", "cadence:step_execute_seconds_total", replica="0") == 2.5
+    assert value("cadence:step_wait_seconds", "cadence:step_wait_seconds_total", replica="0") == 0.125
+    assert value("cadence:step_wait_seconds", "cadence:step_wait_seconds_total", replica="1") == 0
     assert value("cadence:request_success", "cadence:request_success_total", finished_reason="length") >= 2
     for histogram in ("time_to_first_token_seconds", "inter_token_latency_seconds",
                       "e2e_request_latency_seconds"):

@@ -77,8 +77,8 @@ def test_bf16_divergence_is_accepted_only_at_a_near_tie_of_the_two_tokens():
     tie = _generation([5, 8, 2], [[(5, -1.0), (9, -3.0)], [(8, -1.01), (6, -1.02)], [(2, -1.0), (1, -2.0)]])
     agreement = compare(reference, tie, BF16)
     assert agreement.ok and "near-tie" in agreement.message
-    wide = _generation([5, 8, 2], [[(5, -1.0), (9, -3.0)], [(8, -1.0), (6, -1.2)], [(2, -1.0), (1, -2.0)]])
-    assert "0.2 nats apart" in compare(reference, wide, BF16).message
+    wide = _generation([5, 8, 2], [[(5, -1.0), (9, -3.0)], [(8, -1.0), (6, -1.4)], [(2, -1.0), (1, -2.0)]])
+    assert "0.4 nats apart" in compare(reference, wide, BF16).message  # beyond the 0.35-nat tolerance
     third = _generation([5, 4, 2], [[(5, -1.0), (9, -3.0)], [(4, -1.0), (6, -1.01)], [(2, -1.0), (1, -2.0)]])
     assert "not the two tokens" in compare(reference, third, BF16).message
     shorter = _generation([5, 8], [[(5, -1.0), (9, -3.0)], [(8, -1.01), (6, -1.02)]])

@@ -68,6 +68,9 @@ def test_random_workload_costs_exactly_what_it_says(server, tmp_path):
     assert result["max_concurrency_reached"] == 4
     assert result["ttft_ms"]["max"] <= result["e2e_ms"]["max"]
     assert result["kv_cache_usage"]["samples"] >= 1
+    wait = result["step_wait"]  # the executors' time between back-to-back steps, from the server's counters
+    assert wait["execute_s"] > 0 and wait["wait_s"] > 0 and 0 < wait["fraction"] < 1
+    assert sum(result["output_tokens_per_second"]) == 12 * 6
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["latency_cdf.png", "throughput_kv.png"]
 
 
@@ -89,6 +92,7 @@ def test_http_backend_reports_the_same_counts_and_reads_the_hit_rate_from_metric
     assert result["completed"] == 8 and result["failed"] == 0
     assert result["total_input_tokens"] == 8 * 24 and result["total_output_tokens"] == 8 * 5
     assert result["max_concurrency_reached"] == 3 and result["kv_cache_usage"]["samples"] >= 1
+    assert result["step_wait"]["execute_s"] > 0 and 0 < result["step_wait"]["fraction"] < 1
     shared = load.main([*common, "--dataset", "shared-prefix", "--groups", "2", "--prompts-per-group", "3",
                         "--system-len", "48", "--question-len", "8", "--output-len", "2",
                         "--max-concurrency", "1", "--seed", "3"])
