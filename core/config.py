@@ -274,6 +274,10 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     # Caps one request's share of a step so a long prompt does not starve the others; 0 = no cap.
     long_prefill_token_threshold: int = 0
+    # Plan the next step while the current one runs (two steps in flight per replica), so the
+    # scheduler and the IPC hide behind the GPU. Single-rank replicas only: TP replicas step one
+    # at a time (their ranks do not share sampled tokens).
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -13,11 +13,13 @@ outputs: the same kernels run on the same data.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from core.attention.backend import AttentionBackend, AttentionMetadata
+from core.host_to_device import pinned
 from core.kv.kv_cache import KVCache
 from core.plan import StepPlan
 
@@ -70,14 +72,16 @@ class DecodeGraphs:
         return (0 < num_reqs <= self.max_batch and plan.num_tokens == num_reqs
                 and bool((plan.logits_index >= 0).all()))
 
-    def run(self, plan: StepPlan) -> torch.Tensor:
-        """Logits [B, vocab] of the step's B requests, in plan order."""
+    def run(self, plan: StepPlan, fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Logits [B, vocab] of the step's B requests, in plan order.
+
+        `fill`, when given, may patch the input ids (the graph's static buffer) before the replay."""
         num_reqs = plan.num_reqs
         size = self.sizes[bisect.bisect_left(self.sizes, num_reqs)]
         width = plan.block_table.shape[1]
 
         def put(dst: torch.Tensor, src: np.ndarray) -> None:
-            dst.copy_(torch.from_numpy(np.ascontiguousarray(src)), non_blocking=True)
+            dst.copy_(pinned(src), non_blocking=True)
 
         put(self.input_ids[:num_reqs], plan.input_ids)
         put(self.positions[:num_reqs], plan.positions)
@@ -85,6 +89,8 @@ class DecodeGraphs:
         put(self.seq_lens[:num_reqs], plan.seq_lens)
         put(self.query_start[: num_reqs + 1], plan.query_start)
         put(self.block_table[:num_reqs, :width], plan.block_table)
+        if fill is not None:
+            fill(self.input_ids[:num_reqs])
         if size > num_reqs:  # padding rows: no query, no KV write
             self.query_start[num_reqs + 1 : size + 1].fill_(num_reqs)
             self.slot_mapping[num_reqs:size].fill_(-1)

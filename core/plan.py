@@ -49,6 +49,15 @@ class StepPlan:
     input_ids: np.ndarray  # int32 [T]
     positions: np.ndarray  # int32 [T]  absolute position in the sequence
     slot_mapping: np.ndarray  # int64 [T]  page * block_size + offset where the token's K/V goes
+    # --- per request, async scheduling ----------------------------------------------------------------
+    # >= 0 where a request's one input token is the token sampled at that row of the replica's
+    # previous step, not yet known to the scheduler (input_ids holds 0 there); -1 elsewhere.
+    # None when building a plan: no placeholders.
+    prev_row: np.ndarray = None  # int32 [B]
+
+    def __post_init__(self) -> None:
+        if self.prev_row is None:
+            object.__setattr__(self, "prev_row", np.full(len(self.seq_lens), -1, np.int32))
 
     @property
     def num_reqs(self) -> int:
@@ -57,6 +66,11 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def placeholder_rows(self) -> np.ndarray:
+        """Indices of the requests whose input token the executor fills from the previous step."""
+        return np.flatnonzero(self.prev_row >= 0)
 
     @property
     def sampled_rows(self) -> np.ndarray:
@@ -84,6 +98,7 @@ _PLAN_ARRAYS: tuple[tuple[str, np.dtype, str], ...] = (
     ("seq_lens", np.dtype(np.int32), "B"),
     ("block_table", np.dtype(np.int32), "BW"),
     ("logits_index", np.dtype(np.int32), "B"),
+    ("prev_row", np.dtype(np.int32), "B"),
     ("temperature", np.dtype(np.float32), "B"),
     ("top_p", np.dtype(np.float32), "B"),
     ("top_k", np.dtype(np.int32), "B"),

@@ -51,6 +51,11 @@ class Request:
 
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose KV is written
+        # With steps in flight (async scheduling): tokens scheduled in steps whose results are not in
+        # yet, tokens those steps will sample, and the row this request has in the latest of them.
+        self.num_inflight_tokens = 0
+        self.num_pending_samples = 0
+        self.last_step_row: tuple[int, int] | None = None  # (step id, row)
         self.num_cached_tokens: int | None = None  # prefix-cache hit at the first admission
         self.pages: list[int] = []  # one per block_size tokens, in order, while running
         self.slot: int | None = None  # executor slot while running

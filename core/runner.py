@@ -1,14 +1,18 @@
 """ModelRunner: one rank's model shard, KV-cache shard and sampler; turns a StepPlan into a StepResult.
 
-The executor process (procs/executor_proc.py) and the in-process engine (core/engine.py) both call
-exactly `execute(plan)`. Every TP rank runs the forward; only rank 0 gets logits, samples and
-returns the StepResult (the other ranks return None).
+`execute(plan)` is `finish(launch(plan))`. `launch` queues the step's device work (inputs, forward,
+sampler, the copies back to the host) and returns at once on a GPU; `finish` waits for it and builds
+the StepResult. Between the two the executor may launch the next step, which is how async
+scheduling keeps the GPU fed: that step's placeholder inputs (plan.prev_row) are filled on the
+device from the tokens this runner sampled in the step before. Every TP rank runs the forward; only
+rank 0 gets logits, samples and returns a result (the other ranks get None from launch).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,6 +22,7 @@ from core.attention.backend import AttentionBackend, AttentionMetadata
 from core.config import EngineConfig
 from core.decode_graphs import DecodeGraphs
 from core.distributed import TPGroup
+from core.host_to_device import to_device
 from core.kv.kv_cache import KVCache
 from core.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
 from core.model.qwen3 import Qwen3ForCausalLM
@@ -51,6 +56,20 @@ def build_model(config: EngineConfig, tp: TPGroup, show_progress: bool = True) -
     return model.eval()
 
 
+@dataclass
+class LaunchedStep:
+    """A step whose device work is queued; `finish` turns it into a StepResult."""
+
+    plan: StepPlan
+    start_s: float
+    rows: np.ndarray  # the requests that sample
+    host: dict[str, torch.Tensor]  # device-to-host copies in flight: token_ids, logprobs, top ids/logprobs
+    done: torch.cuda.Event | None  # recorded after the copies; None on the CPU (already done)
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.query()
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None, num_pages: int | None = None,
                  backend: AttentionBackend | None = None, show_progress: bool = True,
@@ -70,6 +89,8 @@ class ModelRunner:
         self.num_pages = num_pages or config.cache.num_pages or self._num_pages_that_fit()
         self.kv_cache = self._allocate_kv_cache(self.num_pages)
         self.graphs = self._capture_graphs()
+        # The tokens sampled at each row of the previous step, for the next step's placeholders.
+        self._prev_tokens = torch.zeros(config.scheduler.max_num_seqs, dtype=torch.long, device=self.device)
 
     # --- memory --------------------------------------------------------------------------------
 
@@ -125,49 +146,86 @@ class ModelRunner:
 
     # --- the step ------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult | None:
         """Run one step; rank 0 returns the sampled tokens, the other TP ranks None."""
+        launched = self.launch(plan)
+        return None if launched is None else self.finish(launched)
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> LaunchedStep | None:
+        """Queue the step's device work; rank 0 gets a handle for `finish`, the other TP ranks None."""
         start = time.perf_counter()
         logits, rows = self.forward_logits(plan)
         if not self.tp.is_first_rank:
             return None
-        num_reqs = plan.num_reqs
-        sampled = np.zeros(num_reqs, dtype=np.int32)
-        result = {}
+        host: dict[str, torch.Tensor] = {}
         if len(rows):
             out = self.sampler(logits, SamplingTensors.from_plan(plan, rows, self.device))
-            sampled[rows] = out.token_ids.cpu().numpy()
+            self._prev_tokens[to_device(rows, self.device)] = out.token_ids.long()
+            non_blocking = self.device.type == "cuda"  # into pinned memory, read after the event
+            host["token_ids"] = out.token_ids.to("cpu", non_blocking=non_blocking)
             if out.sampled_logprobs is not None:
-                result["sampled_logprobs"] = _scatter(out.sampled_logprobs, rows, num_reqs)
+                host["sampled_logprobs"] = out.sampled_logprobs.to("cpu", non_blocking=non_blocking)
             if out.top_token_ids is not None:
-                result["top_token_ids"] = _scatter(out.top_token_ids, rows, num_reqs)
-                result["top_logprobs"] = _scatter(out.top_logprobs, rows, num_reqs)
-        elapsed_ms = (time.perf_counter() - start) * 1e3
+                host["top_token_ids"] = out.top_token_ids.to("cpu", non_blocking=non_blocking)
+                host["top_logprobs"] = out.top_logprobs.to("cpu", non_blocking=non_blocking)
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return LaunchedStep(plan, start, rows, host, done)
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        """Wait for a launched step and return its result."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        plan, rows = launched.plan, launched.rows
+        sampled = np.zeros(plan.num_reqs, dtype=np.int32)
+        result = {}
+        if len(rows):
+            sampled[rows] = launched.host["token_ids"].numpy()
+            for name in ("sampled_logprobs", "top_token_ids", "top_logprobs"):
+                if name in launched.host:
+                    result[name] = _scatter(launched.host[name], rows, plan.num_reqs)
+        elapsed_ms = (time.perf_counter() - launched.start_s) * 1e3
         return StepResult(step_id=plan.step_id, replica=plan.replica, sampled_token_ids=sampled,
                           timings_ms={"execute": elapsed_ms}, **result)
+
+    def _fill_placeholders(self, plan: StepPlan, input_ids: torch.Tensor) -> None:
+        """Put the previous step's sampled tokens where the plan has placeholder inputs."""
+        rows = plan.placeholder_rows
+        if not len(rows):
+            return
+        if not self.tp.is_first_rank or self.tp.size > 1:
+            raise RuntimeError(f"step {plan.step_id} has placeholder inputs, which only a single-rank "
+                               f"replica can fill (its tokens are sampled on rank 0)")
+        at = to_device(plan.query_start[rows].astype(np.int64), self.device)
+        source = to_device(plan.prev_row[rows].astype(np.int64), self.device)
+        input_ids[at] = self._prev_tokens[source]
 
     @torch.inference_mode()
     def forward_logits(self, plan: StepPlan, kv_cache: KVCache | None = None
                        ) -> tuple[torch.Tensor | None, np.ndarray]:
         """Float32 logits [N, vocab] of the rows that sample (rank 0; None elsewhere) and those rows."""
         if kv_cache is None and self.graphs is not None and self.graphs.can_run(plan):
-            return self.graphs.run(plan), plan.sampled_rows
+            logits = self.graphs.run(plan, fill=lambda ids: self._fill_placeholders(plan, ids))
+            return logits, plan.sampled_rows
         kv_cache = kv_cache or self.kv_cache
         device = self.device
         input_ids = torch.from_numpy(plan.input_ids).to(device, non_blocking=True).long()
+        self._fill_placeholders(plan, input_ids)
         positions = torch.from_numpy(plan.positions).to(device, non_blocking=True).long()
         meta = AttentionMetadata.from_plan(plan, device)
         hidden = self.model(input_ids, positions, kv_cache, self.backend, meta)  # [T, hidden]
         rows = plan.sampled_rows
         if not len(rows):
             return None, rows
-        logits_index = torch.from_numpy(plan.logits_index[rows]).to(device, non_blocking=True).long()
+        logits_index = to_device(plan.logits_index[rows], device).long()
         return self.model.compute_logits(hidden[logits_index]), rows  # [N, vocab] on rank 0
 
 
 def _scatter(values: torch.Tensor, rows: np.ndarray, num_reqs: int) -> np.ndarray:
-    host = values.cpu().numpy()
+    host = values.numpy()
     out = np.zeros((num_reqs, *host.shape[1:]), dtype=host.dtype)
     out[rows] = host
     return out

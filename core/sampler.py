@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from core.host_to_device import to_device
 from core.plan import StepPlan
 
 _MASK32 = 0xFFFFFFFF
@@ -79,6 +80,7 @@ class SamplingTensors:
     def from_plan(cls, plan: StepPlan, rows: np.ndarray, device: torch.device | str) -> SamplingTensors:
         """Settings of the plan's requests `rows` (usually `plan.sampled_rows`), in that order."""
         rows = np.asarray(rows, dtype=np.int64)
+        device = torch.device(device)
         temperature = plan.temperature[rows]
         top_p, min_p = plan.top_p[rows], plan.min_p[rows]
         top_k = np.maximum(plan.top_k[rows], 0)
@@ -96,16 +98,16 @@ class SamplingTensors:
         random = temperature != 0.0
 
         # Two host-to-device copies for the per-row settings (one float32, one int64 block), and one
-        # per non-empty ragged array: each copy from pageable memory waits for the GPU queue.
-        floats = torch.from_numpy(np.stack([temperature, top_p, min_p, repetition, presence, frequency])
-                                  .astype(np.float32, copy=False)).to(device)
-        ints = torch.from_numpy(np.stack([top_k, plan.seed[rows], plan.output_pos[rows], num_logprobs])
-                                .astype(np.int64, copy=False)).to(device)
+        # per non-empty ragged array, each staged through pinned memory: none waits for the GPU queue.
+        floats = to_device(np.stack([temperature, top_p, min_p, repetition, presence, frequency])
+                           .astype(np.float32, copy=False), device)
+        ints = to_device(np.stack([top_k, plan.seed[rows], plan.output_pos[rows], num_logprobs])
+                         .astype(np.int64, copy=False), device)
 
         def put(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             if not len(array):
                 return torch.empty(0, dtype=dtype, device=device)
-            return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
+            return to_device(array, device, dtype)
 
         return cls(
             temperature=floats[0], top_p=floats[1], min_p=floats[2], repetition_penalty=floats[3],

@@ -20,7 +20,15 @@ long_prefill_token_threshold caps a chunk only when chunked prefill is on.
 
 `update()` takes the executor's StepResult and returns a RequestOutput per sampled token; requests
 that end outside a step (aborts) are returned by the next `update()` or by `drain_outputs()`.
-`schedule()` and `update()` alternate: one step is in flight at a time.
+
+With `max_steps_in_flight` 1, `schedule()` and `update()` alternate. With 2 (async scheduling) the
+next step is planned while the previous one runs: a request that samples in the step in flight
+decodes in the next one with a placeholder input (the plan's `prev_row`), which the executor fills
+on the device from the previous step's sampled tokens. Such a request is left out of the next step
+when that pending token will be its last by length, or when it samples with penalties (its history
+must be complete); one that stops on a token in the step in flight has computed one token for
+nothing, which update() drops. Results come back in order and apply to the oldest step in flight;
+a chunk of a request preempted or finished since it was planned is void.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from core.kv.radix_cache import RadixCache
 from core.plan import StepPlan, StepResult
 from core.request import Request, RequestOutput, RequestStatus
 from core.scheduler_stats import SchedulerStats
-from core.slot_table import SlotTable
+from core.slot_table import ScheduledChunk, SlotTable
 
 _SEED_RANGE = 2**63
 
@@ -55,8 +63,12 @@ class SchedulerError(RuntimeError):
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_pages: int,
-                 max_model_len: int, eos_token_ids: Iterable[int], seed: int = 0, replica: int = 0) -> None:
+                 max_model_len: int, eos_token_ids: Iterable[int], seed: int = 0, replica: int = 0,
+                 max_steps_in_flight: int = 1) -> None:
+        if max_steps_in_flight not in (1, 2):
+            raise SchedulerError(f"max_steps_in_flight must be 1 or 2, got {max_steps_in_flight}")
         self.config = scheduler_config
+        self.max_steps_in_flight = max_steps_in_flight
         self.block_size = cache_config.block_size
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -69,7 +81,7 @@ class Scheduler:
         self._slots = SlotTable(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size))
         self._rng = np.random.default_rng(seed)
         self._pending_outputs: list[RequestOutput] = []
-        self._in_flight: tuple[int, list[tuple[Request, int]]] | None = None  # step id, (request, tokens)
+        self._in_flight: deque[tuple[int, list[ScheduledChunk]]] = deque()  # (step id, chunks), oldest first
         self._next_step_id = 0
         # statistics
         self._num_preempted_waiting = 0
@@ -127,7 +139,10 @@ class Scheduler:
             request.pages = []
             request.slot = None
             request.cache_node = None
-        self.running, self.waiting, self._requests, self._in_flight = [], deque(), {}, None
+            request.num_inflight_tokens = request.num_pending_samples = 0
+            request.last_step_row = None
+        self.running, self.waiting, self._requests = [], deque(), {}
+        self._in_flight.clear()
         return requests
 
     def adopt(self, request: Request) -> None:
@@ -156,25 +171,38 @@ class Scheduler:
     # --- a step -----------------------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when there is nothing to run."""
-        if self._in_flight is not None:
+        if len(self._in_flight) >= self.max_steps_in_flight:
             raise SchedulerError(
-                f"step {self._in_flight[0]} is still in flight: call update() with its result first")
+                f"step {self._in_flight[0][0]} is still in flight: call update() with its result first")
         budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
+        scheduled: list[ScheduledChunk] = []
         preempted = False
         index = 0
         block_size = self.block_size
+        previous_step = self._in_flight[-1][0] if self._in_flight else None
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_todo = request.num_tokens - request.num_computed_tokens
+            start = request.num_computed_tokens + request.num_inflight_tokens
+            total = request.num_tokens + request.num_pending_samples
+            prev_row = -1
+            if request.num_pending_samples:
+                if self._pending_sample_is_last(request, total) or request.sampling_params.has_penalties:
+                    index += 1
+                    continue  # it waits for the step in flight
+                step_id, prev_row = request.last_step_row
+                if step_id != previous_step or total - start != 1:
+                    raise SchedulerError(f"{request!r} waits for a token of step {step_id}, but the latest "
+                                         f"step in flight is {previous_step}")
+            num_todo = total - start
             num_new = 1 if num_todo == 1 else self._chunk(num_todo, budget)  # a decode, or a chunk
-            seq_len = request.num_computed_tokens + num_new
+            seq_len = start + num_new
             if seq_len > len(request.pages) * block_size:
                 ok, preempted_now = self._grow(request, seq_len, index)
                 preempted |= preempted_now
                 if not ok:
                     break  # the request preempted itself: it was the newest, nothing after it runs
-            scheduled.append((request, num_new))
+            scheduled.append(ScheduledChunk(request, num_new, start, total, prev_row,
+                                            request.num_preemptions))
             budget -= num_new
             index += 1
         # A step that had to preempt admits nobody: the pages are not there.
@@ -184,25 +212,38 @@ class Scheduler:
             num_new = self._admit(request, budget)
             if num_new is None:
                 break
-            scheduled.append((request, num_new))
+            start = request.num_computed_tokens
+            scheduled.append(ScheduledChunk(request, num_new, start, request.num_tokens, -1,
+                                            request.num_preemptions))
             budget -= num_new
         if not scheduled:
             return None
-        plan = self._slots.build_plan(scheduled, self.block_size, self._next_step_id, self.replica)
+        step_id = self._next_step_id
+        plan = self._slots.build_plan(scheduled, self.block_size, step_id, self.replica)
+        if self.max_steps_in_flight > 1:  # what the next plan, made before this result, builds on
+            for row, chunk in enumerate(scheduled):
+                request = chunk.request
+                request.num_inflight_tokens += chunk.num_new
+                request.num_pending_samples += chunk.start + chunk.num_new == chunk.total
+                request.last_step_row = (step_id, row)
         self._next_step_id += 1
-        self._in_flight = (plan.step_id, scheduled)
+        self._in_flight.append((step_id, scheduled))
         self._num_tokens_last_step = plan.num_tokens
         return plan
 
+    def _pending_sample_is_last(self, request: Request, total: int) -> bool:
+        """Whether the tokens in flight reach max_tokens or max_model_len: nothing may follow them."""
+        return (total - request.prompt_len >= request.sampling_params.max_tokens
+                or total >= self.max_model_len)
+
     def update(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Apply a step's result: advance, append sampled tokens, finish; returns what to stream."""
-        if self._in_flight is None or self._in_flight[0] != plan.step_id:
-            raise SchedulerError(f"update() for step {plan.step_id}, but the step in flight is "
-                                 f"{None if self._in_flight is None else self._in_flight[0]}")
+        if not self._in_flight or self._in_flight[0][0] != plan.step_id:
+            raise SchedulerError(f"update() for step {plan.step_id}, but the oldest step in flight is "
+                                 f"{self._in_flight[0][0] if self._in_flight else None}")
         if result.step_id != plan.step_id:
             raise SchedulerError(f"the result of step {result.step_id} was given for step {plan.step_id}")
-        scheduled = self._in_flight[1]
-        self._in_flight = None
+        scheduled = self._in_flight.popleft()[1]
         outputs = self.drain_outputs()
         if result.error is not None:
             return outputs + self._fail(scheduled, f"step {plan.step_id} failed: {result.error}")
@@ -212,14 +253,20 @@ class Scheduler:
         any_finished = False
         publish = self.cache.enabled
         block_size = self.block_size
-        for row, (request, num_new) in enumerate(scheduled):
-            if request.status is not running:
-                continue  # aborted while the step ran
-            request.num_computed_tokens += num_new
+        in_flight_counts = self.max_steps_in_flight > 1
+        for row, chunk in enumerate(scheduled):
+            request = chunk.request
+            if request.status is not running or request.num_preemptions != chunk.epoch:
+                continue  # aborted, stopped or preempted since the step was planned: void
+            if in_flight_counts:
+                request.num_inflight_tokens -= chunk.num_new
+            request.num_computed_tokens += chunk.num_new
             if publish and request.num_computed_tokens // block_size > request.num_published_pages:
                 self._publish_written(request)
             if logits_index[row] < 0:
                 continue  # a prefill chunk that does not reach the end samples nothing
+            if in_flight_counts:
+                request.num_pending_samples -= 1
             token = sampled[row]
             request.append_token(token)
             self._num_generation_tokens += 1
@@ -357,6 +404,7 @@ class Scheduler:
         self._release(request, publish=True)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_inflight_tokens = request.num_pending_samples = 0  # its chunks in flight are void
         request.num_preemptions += 1
         self.waiting.appendleft(request)
         self._num_preempted_waiting += 1
@@ -417,10 +465,11 @@ class Scheduler:
         request.status = status
         del self._requests[request.request_id]
 
-    def _fail(self, scheduled: list[tuple[Request, int]], message: str) -> list[RequestOutput]:
+    def _fail(self, scheduled: list[ScheduledChunk], message: str) -> list[RequestOutput]:
         outputs = []
-        for request, _ in scheduled:
-            if request.status is RequestStatus.RUNNING:
+        for chunk in scheduled:
+            request = chunk.request
+            if request.status is RequestStatus.RUNNING and request.num_preemptions == chunk.epoch:
                 request.error = message
                 self._finish(request, RequestStatus.FINISHED_ABORTED)
                 outputs.append(self._final_output(request))

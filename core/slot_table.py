@@ -8,10 +8,24 @@ who runs; this module only lays the decision out as flat arrays.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from core.plan import StepPlan
 from core.request import Request
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """One request's share of a step: `num_new` tokens from position `start` of its `total`."""
+
+    request: Request
+    num_new: int
+    start: int  # tokens computed or in flight before this step
+    total: int  # its tokens once every step in flight has sampled (known + pending)
+    prev_row: int = -1  # its row in the previous step when its input is that step's sample
+    epoch: int = 0  # request.num_preemptions when scheduled: a later preemption voids the chunk
 
 
 class SlotTable:
@@ -62,21 +76,23 @@ class SlotTable:
         request.slot = None
 
     # --- the plan gathered from the slots ----------------------------------------------------------
-    def build_plan(self, scheduled: list[tuple[Request, int]], block_size: int, step_id: int,
+    def build_plan(self, scheduled: list[ScheduledChunk], block_size: int, step_id: int,
                    replica: int) -> StepPlan:
         """Flat arrays of the step: per-request Python, per-token numpy."""
         num_reqs = len(scheduled)
-        columns = np.array([(r.slot, r.num_computed_tokens, n, r.num_tokens, r.prompt_len, r.last_token_id)
-                            for r, n in scheduled], np.int32).reshape(num_reqs, 6)
-        slots, num_computed, num_new, num_tokens, prompt_len, last_token_ids = columns.T
+        columns = np.array([(c.request.slot, c.start, c.num_new, c.total, c.request.prompt_len,
+                             c.request.last_token_id if c.prev_row < 0 else 0, c.prev_row)
+                            for c in scheduled], np.int32).reshape(num_reqs, 7)
+        slots, num_computed, num_new, num_tokens, prompt_len, last_token_ids, prev_row = columns.T
         query_start = np.zeros(num_reqs + 1, np.int32)
         np.cumsum(num_new, out=query_start[1:])
         num_step_tokens = int(query_start[-1])
         seq_lens = num_computed + num_new
-        # A decode's input is its last token; only prefill chunks copy a slice of their tokens.
+        # A decode's input is its last token (0 for a placeholder the executor fills); only prefill
+        # chunks copy a slice of their tokens, all of them known.
         input_ids = np.repeat(last_token_ids, num_new)
         for row in np.flatnonzero((num_new > 1) | (seq_lens < num_tokens)).tolist():
-            request, start = scheduled[row][0], int(num_computed[row])
+            request, start = scheduled[row].request, int(num_computed[row])
             input_ids[query_start[row] : query_start[row + 1]] = request.all_token_ids[start : seq_lens[row]]
         # positions: each request's run num_computed, num_computed + 1, ... laid end to end
         positions = (np.arange(num_step_tokens, dtype=np.int32)
@@ -93,10 +109,10 @@ class SlotTable:
             step_id=step_id, replica=replica, req_slot=slots, query_start=query_start,
             seq_lens=seq_lens, block_table=block_table, logits_index=logits_index,
             output_pos=num_tokens - prompt_len, input_ids=input_ids, positions=positions,
-            slot_mapping=slot_mapping, **sampling, **history,
+            slot_mapping=slot_mapping, prev_row=prev_row, **sampling, **history,
         )
 
-    def _penalty_history(self, scheduled: list[tuple[Request, int]], slots: np.ndarray,
+    def _penalty_history(self, scheduled: list[ScheduledChunk], slots: np.ndarray,
                          num_tokens: np.ndarray, prompt_len: np.ndarray,
                          sampling: np.ndarray) -> dict[str, np.ndarray]:
         """Prompt + output ids of the requests that sample with penalties; empty ranges for the others."""
@@ -107,7 +123,7 @@ class SlotTable:
         np.cumsum(lengths, out=history_start[1:])
         history_prompt_len = np.zeros(len(scheduled), np.int32)
         history_prompt_len[rows] = prompt_len[rows]
-        pieces = [scheduled[row][0].all_token_ids for row in rows.tolist()]
+        pieces = [scheduled[row].request.all_token_ids for row in rows.tolist()]
         history_ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
         return {"history_start": history_start, "history_prompt_len": history_prompt_len,
                 "history_ids": history_ids}

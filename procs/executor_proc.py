@@ -16,17 +16,19 @@ import dataclasses
 import logging
 import os
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from core.plan import StepResult
 from ipc.channels import PushChannel, SubChannel
 from ipc.codec import decode
 from procs.child import become, parent_alive, run_actor
 from procs.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
 from procs.plan_receiver import BadDoorbell, PlanReceiver, Step
 from procs.step_frames import result_to_frames
+
+if TYPE_CHECKING:  # torch loads in the executor process only, when it builds its runner
+    from core.runner import LaunchedStep
 
 _IDLE_WAIT_S = 1.0
 
@@ -63,6 +65,19 @@ def _build_runner(spec: ExecutorSpec):
     return ModelRunner(config, tp=tp, show_progress=spec.rank == 0, memory_share=spec.kv_memory_share)
 
 
+@dataclass
+class Launched:
+    """A step handed to the runner whose result has not been sent."""
+
+    step: Step
+    handle: LaunchedStep | None  # None: it failed to launch (error), or a TP rank > 0
+    error: str | None
+    waited_ms: float | None  # the GPU's idle time before it, when it followed an idle GPU
+
+    def ready(self) -> bool:
+        return self.handle is None or self.handle.ready()
+
+
 class Executor:
     def __init__(self, spec: ExecutorSpec, runner, log: logging.Logger) -> None:
         self.spec = spec
@@ -76,15 +91,25 @@ class Executor:
                                   register_with_cuda=spec.device.startswith("cuda"))
         self.results = PushChannel.connect(spec.results, name="results to the scheduler")
         self._replied_s: float | None = None  # when the last result went out
+        self._idle_since: float | None = None  # when the GPU last ran dry with no plan queued
 
     @property
     def num_pages(self) -> int:
         return self.runner.num_pages
 
     def loop(self) -> None:
+        launched: Launched | None = None  # a step on the GPU whose result has not gone out yet
         while True:
             try:
-                msg = self.plans.receive(_IDLE_WAIT_S)
+                if launched is None:
+                    msg = self.plans.receive(_IDLE_WAIT_S)
+                else:
+                    msg = self.plans.receive_unless(launched.ready)
+                    if msg is None:  # the GPU finished before the next plan came: reply, then wait
+                        self._idle_since = time.perf_counter()
+                        self.reply(launched)
+                        launched = None
+                        continue
             except BadDoorbell as exc:
                 self.log.warning("ignored a bad doorbell message: %s", exc)
                 continue
@@ -93,40 +118,68 @@ class Executor:
                     self.log.warning("the launcher is gone; exiting")
                     return
             elif isinstance(msg, Stop):
+                if launched is not None:
+                    self.reply(launched)
                 return
             elif isinstance(msg, Ping):
                 self.results.send(Pong(self.spec.replica, self.spec.rank, msg.nonce))
             else:
-                self.step(msg)
+                # The next step goes on the GPU behind the one running; then the older one replies.
+                step = self.launch(msg)
+                if launched is not None:
+                    self.reply(launched)
+                launched = step
+                if launched is not None and launched.handle is None and launched.error is None:
+                    self.plans.done(launched.step)  # a TP rank > 0: nothing to reply
+                    launched = None
 
-    def step(self, step: Step) -> None:
-        """Run one step and reply: rank 0 always, any rank when the step failed on it.
-
-        The reply's timings carry `wait`: milliseconds from this executor's previous reply to this
-        plan in hand, during which its GPU had nothing queued. The scheduler counts it only between
-        back-to-back steps (when it had work for this replica all along)."""
-        waited_ms = None if self._replied_s is None else (time.perf_counter() - self._replied_s) * 1e3
+    def launch(self, step: Step) -> Launched:
+        """Queue one step on the device; an exception becomes the step's error result."""
+        now = time.perf_counter()
+        waited_ms = None if self._idle_since is None else (now - self._idle_since) * 1e3
+        self._idle_since = None
         try:
-            result = self.runner.execute(step.plan)
+            handle = self.runner.launch(step.plan)
+            if handle is None:  # a TP rank > 0: the forward's collectives kept it in step with rank 0
+                self._sync_device()
+            return Launched(step, handle, None, waited_ms)
         except Exception as exc:  # the step's requests fail with this message; the loop lives on
             self.log.exception("step %d failed", step.step_id)
-            result = StepResult(step_id=step.step_id, replica=self.spec.replica,
-                                sampled_token_ids=np.zeros(0, np.int32),
-                                error=f"{self.name}: {type(exc).__name__}: {exc}")
-        finally:
-            # The ranks sync in the forward's collectives, so the plan's host data has been copied.
-            self.plans.done(step)
-        if result is None:
-            return
-        if result.error is not None:
-            self.results.send(StepDone(self.spec.replica, self.spec.rank, step.step_id, error=result.error))
-            self._replied_s = time.perf_counter()
-            return
-        if waited_ms is not None:
-            result.timings_ms["wait"] = waited_ms
-        done, payload = result_to_frames(result, self.spec.rank)
-        self.results.send(done, frames=payload)
-        self._replied_s = time.perf_counter()
+            return Launched(step, None, f"{self.name}: {type(exc).__name__}: {exc}", waited_ms)
+
+    def reply(self, launched: Launched) -> None:
+        """Wait for a launched step and send its result: rank 0 always, any rank when it failed here.
+
+        The timings carry `wait`: milliseconds the GPU sat idle with nothing queued before this step
+        (from the reply that left it idle to this launch); the scheduler counts it only between
+        back-to-back steps, when it had work for this replica all along."""
+        step, error = launched.step, launched.error
+        result = None
+        if error is None:
+            try:
+                result = self.runner.finish(launched.handle)
+            except Exception as exc:
+                self.log.exception("step %d failed", step.step_id)
+                error = f"{self.name}: {type(exc).__name__}: {exc}"
+        self.plans.done(step)  # the device has copied the plan's host data
+        now = time.perf_counter()
+        if error is not None:
+            self.results.send(StepDone(self.spec.replica, self.spec.rank, step.step_id, error=error))
+        else:
+            # Busy time without overlap: from this launch, or from the previous reply if later.
+            start = max(launched.handle.start_s, self._replied_s or 0.0)
+            result.timings_ms["execute"] = (now - start) * 1e3
+            if launched.waited_ms is not None:
+                result.timings_ms["wait"] = launched.waited_ms
+            done, payload = result_to_frames(result, self.spec.rank)
+            self.results.send(done, frames=payload)
+        self._replied_s = now
+
+    def _sync_device(self) -> None:
+        if self.spec.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.current_stream().synchronize()
 
     def close(self) -> None:
         self.plans.close()

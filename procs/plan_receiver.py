@@ -11,6 +11,7 @@ are scarce: a spinning executor must never starve the scheduler it waits for.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.plan import StepPlan, unpack_plan
@@ -50,7 +51,25 @@ class PlanReceiver:
         step = self._spin()
         if step is not None:
             return step
-        deadline = time.monotonic() + timeout_s
+        return self._from_doorbell(time.monotonic() + timeout_s)
+
+    def receive_unless(self, done: Callable[[], bool]) -> Step | Ping | Stop | None:
+        """The next step (or ping, or stop) if it comes before `done()` turns true; else None.
+
+        The executor calls this while its GPU runs a step: a plan that arrives in time is launched
+        behind it, so the GPU never waits; when the GPU finishes first, the executor replies.
+        """
+        while True:
+            step = self._take_from_ring()
+            if step is not None:
+                return step
+            msg = self._from_doorbell(0.0)
+            if msg is not None:
+                return msg
+            if done():
+                return None
+
+    def _from_doorbell(self, deadline: float) -> Step | Ping | Stop | None:
         while True:
             try:
                 delivery = self.doorbell.recv_with_frames(max(0.0, deadline - time.monotonic()))
@@ -73,6 +92,17 @@ class PlanReceiver:
         """The plan's data has been copied off: its slot may be reused."""
         if step.slot >= 0:
             self._ring().consumed(step.step_id)
+
+    def _take_from_ring(self) -> Step | None:
+        """The next step if its slot is written already (no waiting)."""
+        if self.ring is None or self.next_step_id is None:
+            return None
+        step_id = self.next_step_id
+        slot = self.ring.slot_of(step_id)
+        if slot is None:
+            return None
+        self.next_step_id = step_id + 1
+        return Step(step_id, self.ring.read(step_id, slot, _RING_READ_TIMEOUT_S), slot)
 
     def _spin(self) -> Step | None:
         if self.spin_s <= 0 or self.ring is None or self.next_step_id is None:

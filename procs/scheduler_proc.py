@@ -5,7 +5,8 @@
 
 Each replica has its own Scheduler (block pool, radix tree), its own shared-memory ring and its
 own doorbell; its TP ranks read the same slot and run the same step. Replicas step independently:
-one step in flight per replica, nothing shared between them, no barrier. A replica whose executor
+up to two steps in flight per replica with async scheduling (one for TP replicas), results back in
+order, nothing shared between replicas, no barrier. A replica whose executor
 dies (the launcher sends ReplicaDown) or whose step outlives `step_timeout_s` is taken down; its
 requests move to live replicas and are recomputed there, as after a preemption, so their streams
 simply continue. With no live replica left, every request ends with an error that says why.
@@ -17,6 +18,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -89,8 +91,11 @@ class Replica:
         self.index = index
         self.num_pages = num_pages
         self.tp_size = config.parallel.tp_size
+        # Async scheduling: the next step goes out while this one runs (single-rank replicas).
+        self.max_steps_in_flight = 2 if config.scheduler.async_scheduling and self.tp_size == 1 else 1
         self.scheduler = Scheduler(config.scheduler, config.cache, num_pages, config.max_model_len,
-                                   eos_token_ids=eos, seed=config.seed + index, replica=index)
+                                   eos_token_ids=eos, seed=config.seed + index, replica=index,
+                                   max_steps_in_flight=self.max_steps_in_flight)
         sched = config.scheduler
         max_pages = -(-config.max_model_len // config.cache.block_size)
         # Room for a full step; penalty histories past this go as a frame on the doorbell instead.
@@ -100,7 +105,7 @@ class Replica:
         self.doorbell = PubChannel.bind(spec.doorbells[index], name=f"doorbell of replica {index}")
         self.alive = True
         self.down_reason: str | None = None
-        self.in_flight: InFlight | None = None
+        self.in_flight: deque[InFlight] = deque()  # oldest first; results come back in this order
         self.has_work = False  # unfinished requests after the last step came back
         self.step_execute_s = 0.0
         self.step_wait_s = 0.0
@@ -182,7 +187,7 @@ class SchedulerProcess:
             self.watch()
 
     def wait(self) -> None:
-        busy = any(r.alive and r.in_flight is None and r.scheduler.has_unfinished() for r in self.replicas)
+        busy = any(r.alive and not r.in_flight and r.scheduler.has_unfinished() for r in self.replicas)
         wait_readable([self.inputs, self.results], 0.0 if busy else _IDLE_WAIT_S)
 
     def receive(self) -> None:
@@ -206,18 +211,17 @@ class SchedulerProcess:
 
     def launch(self) -> None:
         for replica in self.replicas:
-            if not replica.alive or replica.in_flight is not None:
-                continue
-            plan = replica.scheduler.schedule()
-            if plan is None:
-                self._pending.extend(replica.scheduler.drain_outputs())
-                continue
-            try:
-                self.broadcast(replica, plan)
-            except (RingError, ValueError) as exc:
-                replica.in_flight = InFlight(plan, time.monotonic())
-                self.take_down(replica.index, f"replica {replica.index}: cannot hand step {plan.step_id} "
-                                              f"to {replica.executors()}: {exc}")
+            while replica.alive and len(replica.in_flight) < replica.max_steps_in_flight:
+                plan = replica.scheduler.schedule()
+                if plan is None:
+                    if not replica.in_flight:
+                        self._pending.extend(replica.scheduler.drain_outputs())
+                    break
+                try:
+                    self.broadcast(replica, plan)
+                except (RingError, ValueError) as exc:
+                    self.take_down(replica.index, f"replica {replica.index}: cannot hand step "
+                                                  f"{plan.step_id} to {replica.executors()}: {exc}")
 
     def broadcast(self, replica: Replica, plan: StepPlan) -> None:
         """Put the plan where every TP rank reads it and ring their doorbell once."""
@@ -230,7 +234,7 @@ class SchedulerProcess:
             frame = bytearray(nbytes)
             pack_plan(plan, frame)
             replica.doorbell.send(StepReady(plan.step_id, -1), frames=[frame])
-        replica.in_flight = InFlight(plan, time.monotonic(), back_to_back=replica.has_work)
+        replica.in_flight.append(InFlight(plan, time.monotonic(), back_to_back=replica.has_work))
 
     def emit(self) -> None:
         for rejected in self._rejected:
@@ -246,7 +250,7 @@ class SchedulerProcess:
     def watch(self) -> None:
         now = time.monotonic()
         for replica in self.replicas:
-            flight = replica.in_flight
+            flight = replica.in_flight[0] if replica.in_flight else None
             if replica.alive and flight is not None and now - flight.sent_s > self.step_timeout_s:
                 step_id = flight.plan.step_id
                 consumed = replica.ring.consumed_steps()
@@ -297,14 +301,14 @@ class SchedulerProcess:
         if replica_index is None:
             return  # finished already, or never admitted: nothing holds it
         replica = self.replicas[replica_index]
-        if replica.scheduler.abort_request(request_id) and replica.in_flight is None:
+        if replica.scheduler.abort_request(request_id) and not replica.in_flight:
             self._pending.extend(replica.scheduler.drain_outputs())
 
     def finish_step(self, done: StepDone, frames: tuple[memoryview, ...]) -> None:
         replica = self.replicas[done.replica] if 0 <= done.replica < len(self.replicas) else None
-        flight = replica.in_flight if replica is not None else None
+        flight = replica.in_flight[0] if replica is not None and replica.in_flight else None
         if replica is None or flight is None or flight.plan.step_id != done.step_id:
-            self.log.info("ignored a result for step %d of replica %d, which is not in flight",
+            self.log.info("ignored a result for step %d of replica %d, which is not the oldest in flight",
                           done.step_id, done.replica)
             return
         plan = flight.plan
@@ -313,7 +317,7 @@ class SchedulerProcess:
         except ValueError as exc:
             self.take_down(replica.index, f"replica {replica.index}: bad result: {exc}")
             return
-        replica.in_flight = None
+        replica.in_flight.popleft()
         replica.record_timings(flight, result.timings_ms)
         self._pending.extend(replica.scheduler.update(plan, result))
         replica.has_work = replica.scheduler.has_unfinished()
@@ -328,7 +332,7 @@ class SchedulerProcess:
         self.log.error("replica %d is down: %s", index, reason)
         replica.alive = False
         replica.down_reason = reason
-        replica.in_flight = None
+        replica.in_flight.clear()
         self._pending.extend(replica.scheduler.drain_outputs())
         orphans = replica.scheduler.evacuate()
         for request in orphans:

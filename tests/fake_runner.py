@@ -63,15 +63,25 @@ class FakeRunner:
         self.fail_at_step = fail_at_step
         self.kv = np.full(num_pages * block_size, _NOT_WRITTEN, np.int64)  # one value per KV slot
         self.plans: list[StepPlan] = []
+        self.last_sampled: np.ndarray | None = None  # of the previous step, for placeholder inputs
+        self.last_step_id = -1
 
     def run(self, plan: StepPlan) -> StepResult:
         check_plan(plan, self.block_size, self.num_pages)
         self.plans.append(plan)
         if plan.step_id == self.fail_at_step:
+            self.last_sampled, self.last_step_id = np.zeros(plan.num_reqs, np.int32), plan.step_id
             return StepResult(plan.step_id, plan.replica, np.zeros(plan.num_reqs, np.int32),
                               error="executor dp=0 tp=0: CUDA error: an illegal memory access")
+        # Like the executor: a placeholder input is the token sampled at that row of the previous step.
+        input_ids = plan.input_ids.copy()
+        rows = plan.placeholder_rows
+        if len(rows):
+            assert self.last_sampled is not None, f"step {plan.step_id} has placeholders, no step ran before"
+            assert plan.step_id == self.last_step_id + 1, "placeholders must refer to the step just before"
+            input_ids[plan.query_start[rows]] = self.last_sampled[plan.prev_row[rows]]
         # Like attention kernels: every new token's KV is written before anything is read.
-        self.kv[plan.slot_mapping] = kv_value(plan.input_ids, plan.positions)
+        self.kv[plan.slot_mapping] = kv_value(input_ids, plan.positions)
         sampled = np.zeros(plan.num_reqs, np.int32)
         for row in plan.sampled_rows.tolist():
             positions = np.arange(plan.seq_lens[row])
@@ -80,6 +90,7 @@ class FakeRunner:
             assert (values != _NOT_WRITTEN).all(), f"step {plan.step_id} row {row} reads KV never written"
             sampled[row] = next_token(int(values.sum()), int(plan.seed[row]), int(plan.output_pos[row]),
                                       bool(plan.temperature[row] == 0.0), self.vocab_size)
+        self.last_sampled, self.last_step_id = sampled, plan.step_id
         return StepResult(plan.step_id, plan.replica, sampled, **self._logprobs(plan, sampled))
 
     @staticmethod
@@ -133,6 +144,10 @@ def check_plan(plan: StepPlan, block_size: int, num_pages: int) -> None:
     last_rows = qs[1:] - 1
     assert ((plan.logits_index == -1) | (plan.logits_index == last_rows)).all(), (
         f"logits_index {plan.logits_index} is neither -1 nor a request's last row")
+    placeholders = plan.placeholder_rows
+    assert (num_new[placeholders] == 1).all(), f"step {plan.step_id}: a placeholder row is not a decode"
+    assert (plan.input_ids[qs[placeholders]] == 0).all(), "a placeholder input is not 0"
+    assert (plan.logits_index[placeholders] >= 0).all(), "a placeholder row samples nothing"
     hs = plan.history_start
     assert hs.shape == (b + 1,) and hs[0] == 0 and hs[-1] == len(plan.history_ids)
     assert (np.diff(hs) >= 0).all(), f"history_start {hs} decreases"

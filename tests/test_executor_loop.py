@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 from plans import Chunk, make_plan
@@ -16,13 +17,38 @@ from procs.messages import ExecutorSpec, Ping, Pong, StepDone, StepReady, Stop
 from procs.step_frames import result_from_frames
 
 
-class FakeRunner:
-    """Samples token 1000 + row; raises for a plan whose first input id is 666."""
+class FakeHandle:
+    def __init__(self, plan, ready_at: float) -> None:
+        self.plan, self.start_s, self.ready_at = plan, time.perf_counter(), ready_at
 
-    def execute(self, plan):
+    def ready(self) -> bool:
+        return time.perf_counter() >= self.ready_at
+
+
+class FakeRunner:
+    """Samples token 1000 + row; raises for a plan whose first input id is 666.
+
+    Like a GPU, a launched step is done `step_s` after it (or the step before it) started."""
+
+    def __init__(self, step_s: float = 0.0) -> None:
+        self.step_s = step_s
+        self.events: list[tuple[str, int]] = []  # ("launch" | "finish", step id), in order
+        self._busy_until = 0.0
+
+    def launch(self, plan):
         if plan.input_ids[0] == 666:
             raise RuntimeError("the fake runner was told to fail")
-        return StepResult(plan.step_id, plan.replica, np.arange(plan.num_reqs, dtype=np.int32) + 1000)
+        self.events.append(("launch", plan.step_id))
+        self._busy_until = max(self._busy_until, time.perf_counter()) + self.step_s
+        return FakeHandle(plan, self._busy_until)
+
+    def finish(self, handle):
+        while not handle.ready():
+            time.sleep(0.001)
+        self.events.append(("finish", handle.plan.step_id))
+        plan = handle.plan
+        return StepResult(plan.step_id, plan.replica, np.arange(plan.num_reqs, dtype=np.int32) + 1000,
+                          timings_ms={"execute": 1.0})
 
 
 def _frame(plan) -> bytearray:
@@ -73,6 +99,45 @@ def test_executor_loop_answers_steps_reports_failures_and_survives_garbage(tmp_p
 
         doorbell.send(StepReady(9, -1), frames=[_frame(make_plan([Chunk([1], 0, [1])], 16, step_id=9))])
         assert results.expect(10).error is None  # still serving after the failure
+    finally:
+        doorbell.send(Stop())
+        thread.join(10)
+        executor.close()
+        doorbell.close()
+        results.close()
+    assert not thread.is_alive()
+
+
+def test_a_plan_that_arrives_while_the_gpu_runs_is_launched_before_the_older_step_replies(tmp_path):
+    doorbell_address, results_address = f"ipc://{tmp_path}/doorbell", f"ipc://{tmp_path}/results"
+    doorbell = PubChannel.bind(doorbell_address, name="test doorbell")
+    results = PullChannel.bind(results_address, name="test results")
+    spec = ExecutorSpec(tiny_config(), 0, 0, "cpu", doorbell_address, results_address, "unused-ring",
+                        "", "gloo", 1.0)
+    runner = FakeRunner(step_s=0.3)
+    executor = Executor(spec, runner, logging.getLogger("test"))
+    thread = threading.Thread(target=executor.loop)
+    thread.start()
+    try:
+        for nonce in range(100):  # until the subscription is live
+            doorbell.send(Ping(0, nonce))
+            if results.recv(0.05) is not None:
+                break
+        while results.recv(0.1) is not None:
+            pass
+        for step_id in (0, 1):  # the second plan arrives while the first step runs
+            plan = make_plan([Chunk([5, 6], 0, [3])], block_size=16, step_id=step_id)
+            doorbell.send(StepReady(step_id, -1), frames=[_frame(plan)])
+        first, second = results.expect(10), results.expect(10)
+        assert (first.step_id, second.step_id) == (0, 1) and first.error is None and second.error is None
+        # step 1 went to the GPU before step 0's result came back: no gap between them
+        assert runner.events == [("launch", 0), ("launch", 1), ("finish", 0), ("finish", 1)]
+        assert second.timings_ms.get("wait", 0.0) == 0.0
+        # a step that follows an idle GPU reports how long the GPU waited for it
+        time.sleep(0.2)
+        doorbell.send(StepReady(2, -1), frames=[_frame(make_plan([Chunk([1], 0, [1])], 16, step_id=2))])
+        third = results.expect(10)
+        assert third.step_id == 2 and third.timings_ms["wait"] >= 150
     finally:
         doorbell.send(Stop())
         thread.join(10)

@@ -9,7 +9,7 @@ check their invariants; after every test no page is owned.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 
 import numpy as np
@@ -32,12 +32,13 @@ MAX_MODEL_LEN = 256
 def make_scheduler(num_pages: int = 256, block_size: int = 4, max_num_seqs: int = 8,
                    max_num_batched_tokens: int = 64, chunked: bool = True, threshold: int = 0,
                    prefix_caching: bool = True, max_model_len: int = MAX_MODEL_LEN,
-                   fail_at_step: int | None = None) -> tuple[Scheduler, FakeRunner]:
+                   fail_at_step: int | None = None, steps_in_flight: int = 1) -> tuple[Scheduler, FakeRunner]:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold),
         CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching),
         num_pages=num_pages, max_model_len=max_model_len, eos_token_ids=(EOS,), seed=0,
+        max_steps_in_flight=steps_in_flight,
     )
     return scheduler, FakeRunner(num_pages, block_size, VOCAB, fail_at_step=fail_at_step)
 
@@ -97,6 +98,49 @@ def drive(scheduler: Scheduler, runner: FakeRunner, outcome: Outcome | None = No
         pytest.fail(f"requests still unfinished after {max_steps} steps: {scheduler.stats()}")
     assert_balanced(scheduler)
     return outcome
+
+
+class AsyncDriver:
+    """Two steps in flight, as with async scheduling: plan the next step before the oldest's result.
+
+    The fake runner runs each step as soon as it is planned, in order, like a GPU stream: a step's
+    placeholders read the step before it, whose result the scheduler has not seen yet.
+    """
+
+    def __init__(self, scheduler: Scheduler, runner: FakeRunner) -> None:
+        self.scheduler, self.runner = scheduler, runner
+        self.in_flight: deque[tuple[StepPlan, StepResult]] = deque()
+        self.plans: list[StepPlan] = []
+
+    def turn(self, outcome: Outcome) -> None:
+        scheduler = self.scheduler
+        while len(self.in_flight) < scheduler.max_steps_in_flight:
+            plan = scheduler.schedule()
+            if plan is None:
+                break
+            assert plan.num_tokens <= scheduler.config.max_num_batched_tokens
+            self.plans.append(plan)
+            self.in_flight.append((plan, self.runner.run(plan)))
+        if self.in_flight:
+            plan, result = self.in_flight.popleft()
+            outcome.record(scheduler.update(plan, result))
+        else:
+            outputs = scheduler.drain_outputs()
+            assert outputs or not scheduler.has_unfinished(), "unfinished requests, but nothing to schedule"
+            outcome.record(outputs)
+        scheduler.pool.check()
+        scheduler.cache.check()
+
+    def drive(self, outcome: Outcome | None = None, max_turns: int = 5000) -> Outcome:
+        outcome = outcome or Outcome()
+        for _ in range(max_turns):
+            if not self.scheduler.has_unfinished() and not self.in_flight:
+                break
+            self.turn(outcome)
+        else:
+            pytest.fail(f"requests still unfinished after {max_turns} turns: {self.scheduler.stats()}")
+        assert_balanced(self.scheduler)
+        return outcome
 
 
 def step_until(scheduler: Scheduler, runner: FakeRunner, outcome: Outcome, done: Callable[[], bool],
@@ -635,6 +679,113 @@ def test_random_workloads_give_reference_tokens_and_leave_the_pool_balanced(work
             assert outcome.tokens[request.request_id] == want[: len(outcome.tokens[request.request_id])]
         else:
             assert outcome.tokens[request.request_id] == expected(scheduler, request)
+
+
+# --- async scheduling: two steps in flight ----------------------------------------------------------
+
+
+def test_async_decodes_take_their_input_from_the_step_in_flight():
+    scheduler, runner = make_scheduler(steps_in_flight=2)
+    requests = [add(scheduler, f"r{i}", prompt(i, 5 + i), max_tokens=6, ignore_eos=True) for i in range(3)]
+    driver = AsyncDriver(scheduler, runner)
+    outcome = driver.drive()
+    assert_reference_tokens(scheduler, outcome, requests)
+    first, second = driver.plans[:2]
+    assert (first.prev_row == -1).all()  # prompts: every input known
+    assert second.prev_row.tolist() == [0, 1, 2]  # planned before the first step's tokens came back
+    assert (second.input_ids == 0).all() and (second.positions == first.positions[first.logits_index]
+                                              + 1).all()
+    # every decode after the prompts used a placeholder: the scheduler never waited for a token
+    assert all((plan.prev_row >= 0).all() for plan in driver.plans[1:])
+
+
+def test_async_stops_planning_a_request_whose_pending_token_is_its_last():
+    scheduler, runner = make_scheduler(steps_in_flight=2)
+    request = add(scheduler, "r", prompt(0, 6), max_tokens=3, ignore_eos=True)
+    driver = AsyncDriver(scheduler, runner)
+    outcome = driver.drive()
+    assert outcome.tokens["r"] == expected(scheduler, request) and len(outcome.tokens["r"]) == 3
+    assert len(driver.plans) == 3  # the prompt and two decodes: no step computes a token beyond max_tokens
+
+
+def test_async_a_stop_token_in_flight_costs_one_void_token_and_no_output():
+    scheduler, runner = make_scheduler(steps_in_flight=2)
+    tokens = prompt(3, 8)
+    script = reference_tokens(tokens, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), 0,
+                              (), MAX_MODEL_LEN, VOCAB)
+    stop = script[2]  # the third token ends it
+    request = add(scheduler, "r", tokens, max_tokens=50, stop_token_ids=[stop])
+    driver = AsyncDriver(scheduler, runner)
+    outcome = driver.drive()
+    assert outcome.tokens["r"] == script[:3] and outcome.final["r"].finish_reason == "stop"
+    assert len(driver.plans) == 4  # the step after the stop ran, planned before the stop was known
+    assert request.num_tokens == len(tokens) + 3
+
+
+def test_async_preemption_voids_the_victims_chunk_in_flight():
+    # Two requests that together outgrow a tight pool: the newer is preempted while its step runs.
+    scheduler, runner = make_scheduler(num_pages=10, block_size=4, steps_in_flight=2)
+    requests = [add(scheduler, f"r{i}", prompt(i, 10), max_tokens=12, ignore_eos=True) for i in range(2)]
+    outcome = AsyncDriver(scheduler, runner).drive()
+    assert scheduler.stats().num_preemptions > 0
+    assert_reference_tokens(scheduler, outcome, requests)
+
+
+def test_async_penalized_requests_wait_for_their_token():
+    scheduler, runner = make_scheduler(steps_in_flight=2)
+    plain = add(scheduler, "plain", prompt(1, 5), max_tokens=6, ignore_eos=True)
+    penalized = add(scheduler, "pen", prompt(2, 5), max_tokens=6, ignore_eos=True, repetition_penalty=1.2)
+    driver = AsyncDriver(scheduler, runner)
+    outcome = driver.drive()
+    assert outcome.tokens["plain"] == expected(scheduler, plain)
+    assert outcome.tokens["pen"] == expected(scheduler, penalized)
+    for plan in driver.plans:  # the penalized request never decodes from a placeholder
+        penalized_rows = np.flatnonzero(plan.repetition_penalty != 1.0)
+        assert (plan.prev_row[penalized_rows] == -1).all()
+
+
+def test_async_allows_two_steps_in_flight_and_no_more():
+    scheduler, runner = make_scheduler(steps_in_flight=2)
+    add(scheduler, "r", [1, 2, 3], max_tokens=10, ignore_eos=True)
+    first = scheduler.schedule()
+    second = scheduler.schedule()
+    with pytest.raises(SchedulerError, match="step 0 is still in flight"):
+        scheduler.schedule()
+    runner.run(first)
+    with pytest.raises(SchedulerError, match="the oldest step in flight is 0"):
+        scheduler.update(second, runner.run(second))
+    with pytest.raises(SchedulerError, match="must be 1 or 2"):
+        make_scheduler(steps_in_flight=3)
+    assert first.step_id == 0 and second.step_id == 1
+
+
+@given(workloads())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_async_random_workloads_give_reference_tokens_and_leave_the_pool_balanced(workload):
+    config, specs, aborts = workload
+    scheduler, runner = make_scheduler(**config, steps_in_flight=2)
+    requests = [add(scheduler, f"r{i}", tokens, **{"temperature": 0.0, **params})
+                for i, (tokens, params) in enumerate(specs)]
+    driver = AsyncDriver(scheduler, runner)
+    outcome = Outcome()
+    aborted = set()
+    for turn in range(5000):
+        if not scheduler.has_unfinished() and not driver.in_flight:
+            break
+        if turn in aborts and aborts[turn] < len(requests):
+            request = requests[aborts[turn]]
+            if scheduler.abort_request(request.request_id):
+                aborted.add(request.request_id)
+        driver.turn(outcome)
+    assert_balanced(scheduler)
+    assert set(outcome.final) == {r.request_id for r in requests}, "a request was dropped"
+    for request in requests:
+        got = outcome.tokens[request.request_id]
+        if request.request_id in aborted:
+            assert outcome.final[request.request_id].finish_reason == "abort"
+            assert got == expected(scheduler, request)[: len(got)]
+        else:
+            assert got == expected(scheduler, request)
 
 
 # --- CPU time --------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core.host_to_device import to_device
 from core.plan import StepPlan
 
 
@@ -35,15 +36,15 @@ class AttentionMetadata:
 
     @classmethod
     def from_plan(cls, plan: StepPlan, device: torch.device | str) -> AttentionMetadata:
-        def to_device(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+        def put(array: np.ndarray) -> torch.Tensor:
+            return to_device(array, torch.device(device))
 
         query_lens = np.diff(plan.query_start)
         return cls(
-            query_start=to_device(plan.query_start),
-            seq_lens=to_device(plan.seq_lens),
-            block_table=to_device(plan.block_table),
-            slot_mapping=to_device(plan.slot_mapping),
+            query_start=put(plan.query_start),
+            seq_lens=put(plan.seq_lens),
+            block_table=put(plan.block_table),
+            slot_mapping=put(plan.slot_mapping),
             query_start_cpu=np.asarray(plan.query_start),
             seq_lens_cpu=np.asarray(plan.seq_lens),
             max_query_len=int(query_lens.max()) if len(query_lens) else 0,
