@@ -10,9 +10,9 @@ Two sources, one registry per app (so several apps in one process never collide)
   back-to-back steps; their ratio is the GPU's idle share), all exposed with `_total`.
 * request timings, observed in the api process (label model_name; the api does not learn which
   replica ran a request): histograms time_to_first_token_seconds, inter_token_latency_seconds,
-  e2e_request_latency_seconds, and the counter request_success (label finished_reason).
-  request_queue_time_seconds is declared for dashboards built on vLLM's names but stays empty: the
-  time a request waited in the scheduler is not in GenerateOutput.
+  e2e_request_latency_seconds, request_queue_time_seconds (arrival at the tokenizer to the
+  scheduler's first admission, measured by the scheduler and carried with the first token), and the
+  counter request_success (label finished_reason).
 
 api/server.py owns one ApiMetrics; each choice of an API call gets a RequestTiming.
 """
@@ -52,7 +52,8 @@ class ApiMetrics:
             "e2e_request_latency_seconds", "Time from the API receiving a request to its last token.",
             _REQUEST_BUCKETS)
         self.request_queue_time = self._histogram(
-            "request_queue_time_seconds", "Time a request waited in the scheduler (not yet reported).",
+            "request_queue_time_seconds",
+            "Time a request waited from its arrival to its first admission by the scheduler.",
             _REQUEST_BUCKETS)
         self._request_success = Counter(
             f"{PREFIX}request_success", "Requests finished, by finish reason.",
@@ -93,6 +94,9 @@ class RequestTiming:
             for _ in range(num_tokens):
                 self._metrics.inter_token_latency.observe(gap)
         self._last_token_s = now_s
+
+    def on_queued(self, queue_time_s: float) -> None:
+        self._metrics.request_queue_time.observe(queue_time_s)
 
     def on_finish(self, finish_reason: str | None, now_s: float) -> None:
         self._metrics.e2e_request_latency.observe(now_s - self._start_s)

@@ -59,6 +59,8 @@ class Choice:
         self.num_prompt_tokens = output.num_prompt_tokens
         self.num_output_tokens = output.num_output_tokens
         self.num_cached_tokens = output.num_cached_tokens
+        if output.queue_time_s is not None:
+            self.timing.on_queued(output.queue_time_s)
         self.timing.on_tokens(len(output.token_ids), now_s)
         if output.finished:
             self.finished = True

@@ -19,6 +19,8 @@ run in order, and it is shut down before the next starts:
 * chunked: chunked prefill with a budget of --chunk-budget (16) tokens a step.
 * preemption: a pool of about a third of the pages the cell's requests need (num_preemptions must
   grow), then identical prompts at once on it.
+* async: async scheduling (two steps in flight, placeholder inputs filled by the executor), on
+  the reference's settings and on a pool small enough to preempt.
 * dp2, tp2: two replicas, and one replica split over two ranks.
 
 After every cell the pool must balance (benchmarks/generalization_server.py): every replica alive,
@@ -73,7 +75,8 @@ from core.config import EngineConfig, ParallelConfig
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
 
 DEFAULT_MAX_MODEL_LEN = {"cpu": 512, "full": 2048}
-SERVER_NAMES = ("reference", "prefix-cache", "chunked", "preemption", "dp2", "tp2")
+SERVER_NAMES = ("reference", "prefix-cache", "chunked", "preemption", "async", "async-preemption", "dp2",
+                "tp2")
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,12 @@ def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int) -> l
         ServerPlan("prefix-cache", cached, prefix_cache_cells()),
         ServerPlan("chunked", chunked, [chunked_cell(chunk_budget)]),
         ServerPlan("preemption", small_pool, [preemption_cell(), identical_prompts_cell(8)]),
+        ServerPlan("async", replace(reference, scheduler=replace(reference.scheduler,
+                                                                 async_scheduling=True)),
+                   [layout_cell("async scheduling", layout)]),
+        ServerPlan("async-preemption",
+                   replace(small_pool, scheduler=replace(small_pool.scheduler, async_scheduling=True)),
+                   [preemption_cell("async scheduling, preemption (small pool)")]),
         ServerPlan("dp2", replace(reference, parallel=ParallelConfig(tp_size=1, dp_size=2)),
                    [layout_cell("DP 2", layout + "; both replicas serve some")]),
         ServerPlan("tp2", replace(reference, parallel=ParallelConfig(tp_size=2, dp_size=1)),

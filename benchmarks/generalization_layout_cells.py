@@ -51,8 +51,8 @@ def chunked_cell(budget: int) -> Cell:
                 _chunked)
 
 
-def preemption_cell() -> Cell:
-    return Cell("preemption (small pool)", "the probe and first batch prompts at once on a pool smaller "
+def preemption_cell(name: str = "preemption (small pool)") -> Cell:
+    return Cell(name, "the probe and first batch prompts at once on a pool smaller "
                 "than their pages: outputs as without preemption, num_preemptions > 0", _preemption)
 
 

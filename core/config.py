@@ -276,8 +276,8 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     # Plan the next step while the current one runs (two steps in flight per replica), so the
     # scheduler and the IPC hide behind the GPU. Single-rank replicas only: TP replicas step one
-    # at a time (their ranks do not share sampled tokens).
-    async_scheduling: bool = True
+    # at a time (their ranks do not share sampled tokens). Off by default until measured on a GPU.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

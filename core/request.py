@@ -65,6 +65,7 @@ class Request:
         self.stop_reason: int | None = None  # the stop token id, when one of stop_token_ids ended it
         self.error: str | None = None  # why the engine (not the client) aborted it
         self.num_preemptions = 0
+        self.queue_time_s: float | None = None  # arrival to first admission; reported with the first token
 
     @property
     def prompt_token_ids(self) -> np.ndarray:
@@ -126,3 +127,4 @@ class RequestOutput:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # why a request was aborted by the engine rather than the client
+    queue_time_s: float | None = None  # with the first token only: arrival to first admission

@@ -33,6 +33,7 @@ a chunk of a request preempted or finished since it was planned is void.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -275,11 +276,14 @@ class Scheduler:
                 self._finish(request, status)
                 any_finished = True
             if request.sampling_params.logprobs is None:
-                outputs.append(RequestOutput(request.request_id, [token], status is not None,
-                                             None if status is None else status.value, request.stop_reason,
-                                             num_cached_tokens=request.num_cached_tokens))
+                output = RequestOutput(request.request_id, [token], status is not None,
+                                       None if status is None else status.value, request.stop_reason,
+                                       num_cached_tokens=request.num_cached_tokens)
             else:
-                outputs.append(self._output_with_logprobs(request, token, row, result))
+                output = self._output_with_logprobs(request, token, row, result)
+            if request.num_tokens == request.prompt_len + 1:  # its first token
+                output.queue_time_s = request.queue_time_s
+            outputs.append(output)
         if any_finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return outputs
@@ -352,6 +356,7 @@ class Scheduler:
             self._num_preempted_waiting -= 1
         else:
             request.num_cached_tokens = match.length
+            request.queue_time_s = max(0.0, time.monotonic() - request.arrival_s)
             self._num_prompt_tokens += request.prompt_len
             self._prefix_query_tokens += request.prompt_len
             self._prefix_hit_tokens += match.length

@@ -30,15 +30,19 @@ class Stopping(Exception):  # noqa: N818 - a signal, not an error
 
 def become(title: str) -> logging.Logger:
     """Set the process title (`cadence:scheduler`, ...), logging and signal handling."""
-    import setproctitle
-
-    setproctitle.setproctitle(title)
     logging.basicConfig(
         level=os.environ.get("CADENCE_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s %(levelname)s [{title}] %(message)s",
         stream=sys.stderr,
         force=True,
     )
+    try:
+        import setproctitle
+    except ImportError:  # a title is for ps and top; serving goes on without it
+        logging.getLogger(title).warning("setproctitle is not installed: this process keeps its "
+                                         "python title (pip install setproctitle)")
+    else:
+        setproctitle.setproctitle(title)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_stopping)
     _die_with_parent()

@@ -98,6 +98,7 @@ class GenerateOutput:
     logprobs: list[float] | None = None
     top_logprobs: list[list[TopLogprob]] | None = None
     prompt_token_ids: list[int] | None = None  # in the first output only
+    queue_time_s: float | None = None  # in the output with the first token: arrival to first admission
 
 
 @message

@@ -64,6 +64,7 @@ class Stream:
     stop: StopStringMatcher | None
     prompt_token_ids: list[int] | None  # sent with the first output, then dropped
     num_output_tokens: int = 0
+    queue_time_s: float | None = None  # from the scheduler's first token, until it is sent
     # Accumulated for a request that does not stream.
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -225,6 +226,8 @@ class TokenizerProcess:
                    for pairs in (out.top_logprobs or [[] for _ in out.new_token_ids])]
         if finished:
             del self.streams[out.request_id]
+        if out.queue_time_s is not None:
+            stream.queue_time_s = out.queue_time_s
         if not request.stream:
             stream.text.append(text)
             stream.token_ids += out.new_token_ids
@@ -242,10 +245,11 @@ class TokenizerProcess:
         else:
             new_ids, logprobs = out.new_token_ids, out.logprobs
         prompt_ids, stream.prompt_token_ids = stream.prompt_token_ids, None
+        queue_time_s, stream.queue_time_s = stream.queue_time_s, None
         self._send(stream.identity, GenerateOutput(
             request.request_id, text, list(new_ids), stream.num_prompt_tokens, stream.num_output_tokens,
             out.num_cached_tokens, finished, finish_reason, stop_reason, out.error, tokens,
-            None if logprobs is None else list(logprobs), top, prompt_ids,
+            None if logprobs is None else list(logprobs), top, prompt_ids, queue_time_s,
         ), abort_on_failure=None if finished else out.request_id)
 
     def _end_broken(self, request_id: str, exc: Exception) -> None:

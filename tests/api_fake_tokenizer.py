@@ -261,6 +261,7 @@ class FakeTokenizer:
             logprobs=[v for _, v, _ in lp] if lp is not None else None,
             top_logprobs=[top for _, _, top in lp] if lp is not None else None,
             prompt_token_ids=None if gen.sent_first else list(gen.prompt_ids),
+            queue_time_s=None if gen.sent_first or not gen.pending_ids else 0.25,
         )
         gen.pending_text, gen.pending_ids, gen.pending_lp = [], [], []
         gen.sent_first = True

@@ -400,4 +400,9 @@ def test_metrics_parse_and_carry_engine_and_request_figures(port):
         assert family.type == "histogram"
         assert value(f"cadence:{histogram}", f"cadence:{histogram}_count", model_name="qwen3-tiny") >= 2
     assert families["cadence:request_queue_time_seconds"].type == "histogram"
+    queued = value("cadence:request_queue_time_seconds", "cadence:request_queue_time_seconds_count",
+                   model_name="qwen3-tiny")
+    assert queued >= 2  # the fake reports 0.25 s with each request's first token
+    assert value("cadence:request_queue_time_seconds", "cadence:request_queue_time_seconds_sum",
+                 model_name="qwen3-tiny") == 0.25 * queued
     assert not any(name.endswith("_created") for name in families)

@@ -30,16 +30,17 @@ def test_every_cell_of_the_cpu_subset_passes(report):
 
 def test_the_cpu_subset_covers_every_server_and_the_cache_cells(report):
     assert [s["name"] for s in report["servers"]] == ["reference", "prefix-cache", "chunked", "preemption",
-                                                      "dp2", "tp2"]
+                                                      "async", "async-preemption", "dp2", "tp2"]
     names = {c["name"] for c in report["cells"]}
     for wanted in ("prefix cache off", "prefix cache cold", "prefix cache hot",
                    "prefix cache partial-page hit", "prefix cache next turn", "prefix cache full-prompt hit",
                    "preemption (small pool)", "8 identical prompts at once (small pool)", "DP 2", "TP 2",
                    "batch 7", "seeded sampling", "stop string", "stop token id", "max_tokens",
-                   "max_model_len"):
+                   "max_model_len", "async scheduling", "async scheduling, preemption (small pool)"):
         assert wanted in names
-    preemption = next(c for c in report["cells"] if c["server"] == "preemption")
-    assert preemption["details"]["num_preemptions"] > 0
+    for server in ("preemption", "async-preemption"):
+        preemption = next(c for c in report["cells"] if c["server"] == server)
+        assert preemption["details"]["num_preemptions"] > 0
 
 
 def test_the_markdown_report_has_one_row_per_cell(report):

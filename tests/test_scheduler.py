@@ -609,6 +609,20 @@ def test_schedule_and_update_must_alternate():
         scheduler.update(plan, runner.run(plan))
 
 
+def test_the_first_token_reports_the_time_from_arrival_to_admission():
+    scheduler, runner = make_scheduler(max_num_seqs=1)
+    first = add(scheduler, "first", prompt(0, 5), max_tokens=3, ignore_eos=True)
+    second = add(scheduler, "second", prompt(1, 5), max_tokens=2, ignore_eos=True)
+    first.arrival_s -= 1.0  # it arrived a second ago
+    outcome = drive(scheduler, runner)
+    queue = {o.request_id: [x.queue_time_s for x in outcome.outputs if x.request_id == o.request_id]
+             for o in outcome.outputs}
+    assert queue["first"][0] >= 1.0 and queue["first"][1:] == [None, None]
+    # the second waited for the only seat: admitted after the first finished
+    assert queue["second"][0] > 0 and queue["second"][1:] == [None]
+    assert second.queue_time_s == queue["second"][0]
+
+
 def test_stats_describe_the_batch():
     scheduler, runner = make_scheduler(max_num_seqs=2)
     requests = [add(scheduler, f"r{i}", prompt(i, 10), max_tokens=5, ignore_eos=True) for i in range(3)]

@@ -68,15 +68,20 @@ def reference_tokens(reference):
     return {k: r.token_ids for k, r in results.items()}
 
 
-@pytest.mark.parametrize("dp,tp", [(1, 2), (2, 1), (2, 2)])
-def test_dp_and_tp_layouts_produce_the_greedy_tokens_of_one_replica(dp, tp, reference_tokens):
-    with _launch(tiny_config(dp=dp, tp=tp)) as launcher, \
+@pytest.mark.parametrize("dp,tp,async_on", [(1, 2, False), (2, 1, False), (2, 2, False), (1, 1, True),
+                                             (2, 1, True), (1, 2, True)])
+def test_dp_and_tp_layouts_produce_the_greedy_tokens_of_one_replica(dp, tp, async_on, reference_tokens):
+    config = tiny_config(dp=dp, tp=tp)
+    config = dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler,
+                                                                       async_scheduling=async_on))
+    with _launch(config) as launcher, \
             SystemClient(launcher.endpoints.tokenizer_frontend) as client:
         results = client.generate(_chat(_prompts()), GREEDY)
         info = client.info()
     for key, expected in reference_tokens.items():
         assert results[key].error is None, results[key]
-        assert results[key].token_ids == expected, f"dp={dp} tp={tp}: {key} differs from dp=1 tp=1"
+        assert results[key].token_ids == expected, (
+            f"dp={dp} tp={tp} async={async_on}: {key} differs from dp=1 tp=1")
     assert info.serving and len(info.replicas) == dp
     if dp == 2:  # both replicas took part
         assert all(r.stats.num_prompt_tokens > 0 for r in info.replicas)
