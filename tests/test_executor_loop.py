@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -58,13 +59,15 @@ def _frame(plan) -> bytearray:
     return buf
 
 
-def test_executor_loop_answers_steps_reports_failures_and_survives_garbage(tmp_path):
+@contextlib.contextmanager
+def running_executor(tmp_path, runner: FakeRunner):
+    """An Executor looping in a thread on a test doorbell; yields (doorbell, results) once it answers."""
     doorbell_address, results_address = f"ipc://{tmp_path}/doorbell", f"ipc://{tmp_path}/results"
     doorbell = PubChannel.bind(doorbell_address, name="test doorbell")
     results = PullChannel.bind(results_address, name="test results")
     spec = ExecutorSpec(tiny_config(), 0, 0, "cpu", doorbell_address, results_address, "unused-ring",
                         "", "gloo", 1.0)
-    executor = Executor(spec, FakeRunner(), logging.getLogger("test"))
+    executor = Executor(spec, runner, logging.getLogger("test"))
     thread = threading.Thread(target=executor.loop)
     thread.start()
     try:
@@ -77,7 +80,18 @@ def test_executor_loop_answers_steps_reports_failures_and_survives_garbage(tmp_p
         assert isinstance(pong, Pong) and (pong.replica, pong.rank) == (0, 0)
         while results.recv(0.1) is not None:
             pass
+        yield doorbell, results
+    finally:
+        doorbell.send(Stop())
+        thread.join(10)
+        executor.close()
+        doorbell.close()
+        results.close()
+    assert not thread.is_alive()
 
+
+def test_executor_loop_answers_steps_reports_failures_and_survives_garbage(tmp_path):
+    with running_executor(tmp_path, FakeRunner()) as (doorbell, results):
         # Garbage, then a valid envelope of a type the doorbell does not carry.
         doorbell._socket.send_multipart([b"", b"\xff garbage"])
         wrong_type = b'{"type": "Pong", "body": {"replica": 0, "rank": 0, "nonce": 1}}'
@@ -99,32 +113,11 @@ def test_executor_loop_answers_steps_reports_failures_and_survives_garbage(tmp_p
 
         doorbell.send(StepReady(9, -1), frames=[_frame(make_plan([Chunk([1], 0, [1])], 16, step_id=9))])
         assert results.expect(10).error is None  # still serving after the failure
-    finally:
-        doorbell.send(Stop())
-        thread.join(10)
-        executor.close()
-        doorbell.close()
-        results.close()
-    assert not thread.is_alive()
 
 
 def test_a_plan_that_arrives_while_the_gpu_runs_is_launched_before_the_older_step_replies(tmp_path):
-    doorbell_address, results_address = f"ipc://{tmp_path}/doorbell", f"ipc://{tmp_path}/results"
-    doorbell = PubChannel.bind(doorbell_address, name="test doorbell")
-    results = PullChannel.bind(results_address, name="test results")
-    spec = ExecutorSpec(tiny_config(), 0, 0, "cpu", doorbell_address, results_address, "unused-ring",
-                        "", "gloo", 1.0)
     runner = FakeRunner(step_s=0.3)
-    executor = Executor(spec, runner, logging.getLogger("test"))
-    thread = threading.Thread(target=executor.loop)
-    thread.start()
-    try:
-        for nonce in range(100):  # until the subscription is live
-            doorbell.send(Ping(0, nonce))
-            if results.recv(0.05) is not None:
-                break
-        while results.recv(0.1) is not None:
-            pass
+    with running_executor(tmp_path, runner) as (doorbell, results):
         for step_id in (0, 1):  # the second plan arrives while the first step runs
             plan = make_plan([Chunk([5, 6], 0, [3])], block_size=16, step_id=step_id)
             doorbell.send(StepReady(step_id, -1), frames=[_frame(plan)])
@@ -138,10 +131,3 @@ def test_a_plan_that_arrives_while_the_gpu_runs_is_launched_before_the_older_ste
         doorbell.send(StepReady(2, -1), frames=[_frame(make_plan([Chunk([1], 0, [1])], 16, step_id=2))])
         third = results.expect(10)
         assert third.step_id == 2 and third.timings_ms["wait"] >= 150
-    finally:
-        doorbell.send(Stop())
-        thread.join(10)
-        executor.close()
-        doorbell.close()
-        results.close()
-    assert not thread.is_alive()
