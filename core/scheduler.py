@@ -44,6 +44,7 @@ from core.kv.block_pool import BlockPool
 from core.kv.radix_cache import RadixCache
 from core.plan import StepPlan, StepResult
 from core.request import Request, RequestOutput, RequestStatus
+from core.request_outcome import final_output, stop_status, token_output
 from core.scheduler_stats import SchedulerStats
 from core.slot_table import ScheduledChunk, SlotTable
 
@@ -123,7 +124,7 @@ class Scheduler:
             if request.status is RequestStatus.PREEMPTED:
                 self._num_preempted_waiting -= 1
         self._finish(request, RequestStatus.FINISHED_ABORTED)
-        self._pending_outputs.append(self._final_output(request))
+        self._pending_outputs.append(final_output(request))
         return True
 
     def evacuate(self) -> list[Request]:
@@ -271,19 +272,11 @@ class Scheduler:
             token = sampled[row]
             request.append_token(token)
             self._num_generation_tokens += 1
-            status = self._stop_status(request, token)
+            status = stop_status(request, token, self.eos_token_ids, self.max_model_len)
             if status is not None:
                 self._finish(request, status)
                 any_finished = True
-            if request.sampling_params.logprobs is None:
-                output = RequestOutput(request.request_id, [token], status is not None,
-                                       None if status is None else status.value, request.stop_reason,
-                                       num_cached_tokens=request.num_cached_tokens)
-            else:
-                output = self._output_with_logprobs(request, token, row, result)
-            if request.num_tokens == request.prompt_len + 1:  # its first token
-                output.queue_time_s = request.queue_time_s
-            outputs.append(output)
+            outputs.append(token_output(request, token, status, row, result))
         if any_finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return outputs
@@ -448,20 +441,6 @@ class Scheduler:
         request.pages = []
 
     # --- finishing --------------------------------------------------------------------------------
-    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
-        """Whether `token`, just appended, ends the request. A stop token counts only from min_tokens on."""
-        params = request.sampling_params
-        num_output = request.num_tokens - request.prompt_len
-        if num_output >= params.min_tokens:
-            if token in params.stop_token_ids:
-                request.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
-            if token in self.eos_token_ids and not params.ignore_eos:
-                return RequestStatus.FINISHED_STOPPED
-        if num_output >= params.max_tokens or request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
-
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Mark finished and free what it holds; the caller takes it out of running or waiting."""
         if request.slot is not None:
@@ -477,26 +456,6 @@ class Scheduler:
             if request.status is RequestStatus.RUNNING and request.num_preemptions == chunk.epoch:
                 request.error = message
                 self._finish(request, RequestStatus.FINISHED_ABORTED)
-                outputs.append(self._final_output(request))
+                outputs.append(final_output(request))
         self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return outputs
-
-    @staticmethod
-    def _output_with_logprobs(request: Request, token: int, row: int, result: StepResult) -> RequestOutput:
-        logprobs = top_logprobs = None
-        num_logprobs = request.sampling_params.logprobs
-        if result.sampled_logprobs is not None:
-            logprobs = [float(result.sampled_logprobs[row])]
-            if num_logprobs > 0 and result.top_token_ids is not None and result.top_logprobs is not None:
-                ids = result.top_token_ids[row, :num_logprobs].tolist()
-                values = result.top_logprobs[row, :num_logprobs].tolist()
-                top_logprobs = [list(zip(ids, values))]
-        return RequestOutput(
-            request.request_id, [token], request.status.is_finished, request.finish_reason,
-            request.stop_reason, logprobs, top_logprobs, request.num_cached_tokens,
-        )
-
-    @staticmethod
-    def _final_output(request: Request) -> RequestOutput:
-        return RequestOutput(request.request_id, [], True, request.finish_reason, request.stop_reason,
-                             num_cached_tokens=request.num_cached_tokens or 0, error=request.error)
