@@ -275,8 +275,8 @@ class SchedulerConfig:
     # Caps one request's share of a step so a long prompt does not starve the others; 0 = no cap.
     long_prefill_token_threshold: int = 0
     # Plan the next step while the current one runs (two steps in flight per replica), so the
-    # scheduler and the IPC hide behind the GPU. Single-rank replicas only: TP replicas step one
-    # at a time (their ranks do not share sampled tokens). Off by default until measured on a GPU.
+    # scheduler and the IPC hide behind the GPU; on a TP replica rank 0 broadcasts each step's
+    # sampled tokens to the other ranks. Off by default until measured on a GPU.
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:

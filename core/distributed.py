@@ -29,6 +29,12 @@ class TPGroup:
             torch.distributed.all_reduce(x, group=self.group)
         return x
 
+    def broadcast_from_first(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `x` on every rank, in place (a contiguous tensor)."""
+        if self.size > 1:
+            torch.distributed.broadcast(x, src=self._global_rank(0), group=self.group)
+        return x
+
     def gather_to_first(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor | None:
         """Concatenate every rank's `x` along `dim` on rank 0; the other ranks get None."""
         if self.size == 1:

@@ -5,7 +5,9 @@ sampler, the copies back to the host) and returns at once on a GPU; `finish` wai
 the StepResult. Between the two the executor may launch the next step, which is how async
 scheduling keeps the GPU fed: that step's placeholder inputs (plan.prev_row) are filled on the
 device from the tokens this runner sampled in the step before. Every TP rank runs the forward; only
-rank 0 gets logits, samples and returns a result (the other ranks get None from launch).
+rank 0 gets logits, samples and returns a result (`finish` gives the other ranks None). With async
+scheduling on a TP replica, rank 0 broadcasts each step's sampled tokens so that every rank can
+fill the next step's placeholders.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class LaunchedStep:
 
     plan: StepPlan
     start_s: float
+    has_result: bool  # rank 0: finish returns a StepResult; the other TP ranks get None
     rows: np.ndarray  # the requests that sample
     host: dict[str, torch.Tensor]  # device-to-host copies in flight: token_ids, logprobs, top ids/logprobs
     done: torch.cuda.Event | None  # recorded after the copies; None on the CPU (already done)
@@ -89,8 +92,10 @@ class ModelRunner:
         self.num_pages = num_pages or config.cache.num_pages or self._num_pages_that_fit()
         self.kv_cache = self._allocate_kv_cache(self.num_pages)
         self.graphs = self._capture_graphs()
-        # The tokens sampled at each row of the previous step, for the next step's placeholders.
+        # The tokens sampled at each row of the previous step, for the next step's placeholders; a TP
+        # replica with async scheduling shares them from rank 0 every step.
         self._prev_tokens = torch.zeros(config.scheduler.max_num_seqs, dtype=torch.long, device=self.device)
+        self.shares_samples = config.scheduler.async_scheduling and self.tp.size > 1
 
     # --- memory --------------------------------------------------------------------------------
 
@@ -148,20 +153,24 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> StepResult | None:
         """Run one step; rank 0 returns the sampled tokens, the other TP ranks None."""
-        launched = self.launch(plan)
-        return None if launched is None else self.finish(launched)
+        return self.finish(self.launch(plan))
 
     @torch.inference_mode()
-    def launch(self, plan: StepPlan) -> LaunchedStep | None:
-        """Queue the step's device work; rank 0 gets a handle for `finish`, the other TP ranks None."""
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        """Queue the step's device work and return the handle `finish` waits on."""
         start = time.perf_counter()
         logits, rows = self.forward_logits(plan)
-        if not self.tp.is_first_rank:
-            return None
         host: dict[str, torch.Tensor] = {}
-        if len(rows):
+        if not self.tp.is_first_rank:
+            if self.shares_samples and len(rows):
+                tokens = torch.empty(len(rows), dtype=torch.long, device=self.device)
+                self._prev_tokens[to_device(rows, self.device)] = self.tp.broadcast_from_first(tokens)
+        elif len(rows):
             out = self.sampler(logits, SamplingTensors.from_plan(plan, rows, self.device))
-            self._prev_tokens[to_device(rows, self.device)] = out.token_ids.long()
+            tokens = out.token_ids.long()
+            if self.shares_samples:
+                self.tp.broadcast_from_first(tokens)
+            self._prev_tokens[to_device(rows, self.device)] = tokens
             non_blocking = self.device.type == "cuda"  # into pinned memory, read after the event
             host["token_ids"] = out.token_ids.to("cpu", non_blocking=non_blocking)
             if out.sampled_logprobs is not None:
@@ -173,12 +182,14 @@ class ModelRunner:
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return LaunchedStep(plan, start, rows, host, done)
+        return LaunchedStep(plan, start, self.tp.is_first_rank, rows, host, done)
 
-    def finish(self, launched: LaunchedStep) -> StepResult:
-        """Wait for a launched step and return its result."""
+    def finish(self, launched: LaunchedStep) -> StepResult | None:
+        """Wait for a launched step; rank 0 gets its result, the other TP ranks None."""
         if launched.done is not None:
             launched.done.synchronize()
+        if not launched.has_result:
+            return None
         plan, rows = launched.plan, launched.rows
         sampled = np.zeros(plan.num_reqs, dtype=np.int32)
         result = {}
@@ -196,9 +207,9 @@ class ModelRunner:
         rows = plan.placeholder_rows
         if not len(rows):
             return
-        if not self.tp.is_first_rank or self.tp.size > 1:
-            raise RuntimeError(f"step {plan.step_id} has placeholder inputs, which only a single-rank "
-                               f"replica can fill (its tokens are sampled on rank 0)")
+        if self.tp.size > 1 and not self.shares_samples:
+            raise RuntimeError(f"step {plan.step_id} has placeholder inputs, but this TP rank does not "
+                               f"receive the sampled tokens (async scheduling is off)")
         at = to_device(plan.query_start[rows].astype(np.int64), self.device)
         source = to_device(plan.prev_row[rows].astype(np.int64), self.device)
         input_ids[at] = self._prev_tokens[source]

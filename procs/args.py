@@ -65,7 +65,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="auto: triton on GPU, reference (plain torch) on CPU")
     group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
                        help="plan the next step while the current one runs, two steps in flight per "
-                            "single-rank replica (default: off)")
+                            "replica (default: off)")
     group.add_argument("--enforce-eager", action="store_true",
                        help="no CUDA graphs for decode steps (default: graphs on a single-rank GPU replica)")
     group.add_argument("--seed", type=int, default=0, help="dummy weights and unseeded sampling (default: 0)")

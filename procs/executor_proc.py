@@ -70,7 +70,7 @@ class Launched:
     """A step handed to the runner whose result has not been sent."""
 
     step: Step
-    handle: LaunchedStep | None  # None: it failed to launch (error), or a TP rank > 0
+    handle: LaunchedStep | None  # None: it failed to launch (see error)
     error: str | None
     waited_ms: float | None  # the GPU's idle time before it, when it followed an idle GPU
 
@@ -129,9 +129,6 @@ class Executor:
                 if launched is not None:
                     self.reply(launched)
                 launched = step
-                if launched is not None and launched.handle is None and launched.error is None:
-                    self.plans.done(launched.step)  # a TP rank > 0: nothing to reply
-                    launched = None
 
     def launch(self, step: Step) -> Launched:
         """Queue one step on the device; an exception becomes the step's error result."""
@@ -139,16 +136,14 @@ class Executor:
         waited_ms = None if self._idle_since is None else (now - self._idle_since) * 1e3
         self._idle_since = None
         try:
-            handle = self.runner.launch(step.plan)
-            if handle is None:  # a TP rank > 0: the forward's collectives kept it in step with rank 0
-                self._sync_device()
-            return Launched(step, handle, None, waited_ms)
+            return Launched(step, self.runner.launch(step.plan), None, waited_ms)
         except Exception as exc:  # the step's requests fail with this message; the loop lives on
             self.log.exception("step %d failed", step.step_id)
             return Launched(step, None, f"{self.name}: {type(exc).__name__}: {exc}", waited_ms)
 
     def reply(self, launched: Launched) -> None:
-        """Wait for a launched step and send its result: rank 0 always, any rank when it failed here.
+        """Wait for a launched step and send its result: rank 0 always, any rank when it failed here
+        (a TP rank > 0 otherwise only frees the plan's slot).
 
         The timings carry `wait`: milliseconds the GPU sat idle with nothing queued before this step
         (from the reply that left it idle to this launch); the scheduler counts it only between
@@ -165,7 +160,7 @@ class Executor:
         now = time.perf_counter()
         if error is not None:
             self.results.send(StepDone(self.spec.replica, self.spec.rank, step.step_id, error=error))
-        else:
+        elif result is not None:
             # Busy time without overlap: from this launch, or from the previous reply if later.
             start = max(launched.handle.start_s, self._replied_s or 0.0)
             result.timings_ms["execute"] = (now - start) * 1e3
@@ -174,12 +169,6 @@ class Executor:
             done, payload = result_to_frames(result, self.spec.rank)
             self.results.send(done, frames=payload)
         self._replied_s = now
-
-    def _sync_device(self) -> None:
-        if self.spec.device.startswith("cuda"):
-            import torch
-
-            torch.cuda.current_stream().synchronize()
 
     def close(self) -> None:
         self.plans.close()

@@ -5,11 +5,11 @@
 
 Each replica has its own Scheduler (block pool, radix tree), its own shared-memory ring and its
 own doorbell; its TP ranks read the same slot and run the same step. Replicas step independently:
-up to two steps in flight per replica with async scheduling (one for TP replicas), results back in
-order, nothing shared between replicas, no barrier. A replica whose executor
-dies (the launcher sends ReplicaDown) or whose step outlives `step_timeout_s` is taken down; its
-requests move to live replicas and are recomputed there, as after a preemption, so their streams
-simply continue. With no live replica left, every request ends with an error that says why.
+up to two steps in flight per replica with async scheduling (else one), results back in order,
+nothing shared between replicas, no barrier. A replica whose executor dies (the launcher sends
+ReplicaDown) or whose step outlives `step_timeout_s` is taken down; its requests move to live
+replicas and are recomputed there, as after a preemption, so their streams simply continue. With
+no live replica left, every request ends with an error that says why.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ class Replica:
         self.index = index
         self.num_pages = num_pages
         self.tp_size = config.parallel.tp_size
-        # Async scheduling: the next step goes out while this one runs (single-rank replicas).
-        self.max_steps_in_flight = 2 if config.scheduler.async_scheduling and self.tp_size == 1 else 1
+        # Async scheduling: the next step goes out while this one runs.
+        self.max_steps_in_flight = 2 if config.scheduler.async_scheduling else 1
         self.scheduler = Scheduler(config.scheduler, config.cache, num_pages, config.max_model_len,
                                    eos_token_ids=eos, seed=config.seed + index, replica=index,
                                    max_steps_in_flight=self.max_steps_in_flight)
