@@ -34,16 +34,16 @@ from typing import Any
 import orjson
 
 from api.body_fields import BodyFields, describe, is_int, is_token_id, require_noop
+from api.chat_messages import parse_messages, parse_template_kwargs
 from api.errors import ApiError, invalid
 from core.config import GenerationDefaults
 from core.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
 from core.tokenizer.chat_template import render_chatml
-from procs.messages import ChatTurn, GenerateRequest
+from procs.messages import GenerateRequest
 
 MAX_CHOICES = 64
 MAX_REQUESTS_PER_CALL = 1024
 MAX_STOP_STRINGS = 64
-CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 _COMMON_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "stop",
@@ -56,7 +56,6 @@ CHAT_FIELDS = _COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
     "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "response_format",
 }
-_MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning_content", "tool_call_id", "tool_calls"})
 # The tokenizer's refusal of a prompt that does not fit (procs/messages.py RequestFailed).
 _CONTEXT_REFUSAL = re.compile(
     r"maximum context length is (?P<limit>\d+) tokens; the request has (?P<prompt>\d+) prompt tokens"
@@ -144,8 +143,8 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str) -> Parsed
     """A /v1/chat/completions body -> n GenerateRequests of one chat."""
     fields = BodyFields(body, CHAT_FIELDS, "/v1/chat/completions")
     model_name = _check_model(fields, model)
-    messages = _parse_messages(fields.get("messages", required=True))
-    enable_thinking = _parse_template_kwargs(fields)
+    messages = parse_messages(fields.get("messages", required=True))
+    enable_thinking = parse_template_kwargs(fields)
     add_generation_prompt = fields.bool("add_generation_prompt", True)
     require_noop(fields, "tools", ([],), "tools are not supported by this server")
     require_noop(fields, "tool_choice", ("none", "auto"), "tool_choice is not supported by this server")
@@ -278,80 +277,6 @@ def _parse_prompts(fields: BodyFields) -> list[str | list[int]]:
     if len(kinds) > 1:
         raise invalid("prompt", "'prompt' mixes strings and token-id arrays; send one kind per call")
     return prompts
-
-
-def _parse_messages(value: Any) -> list[ChatTurn]:
-    if not isinstance(value, list) or not value:
-        raise invalid("messages", f"'messages' must be a non-empty array of messages, got {describe(value)}")
-    turns = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid(where, f"'{where}' must be an object, got {describe(message)}")
-        unknown = sorted(set(message) - _MESSAGE_FIELDS)
-        if unknown:
-            raise invalid(f"{where}.{unknown[0]}", f"unrecognized message field '{where}.{unknown[0]}'")
-        role = message.get("role")
-        if role not in CHAT_ROLES:
-            raise invalid(f"{where}.role", f"'{where}.role' must be one of {', '.join(CHAT_ROLES)}; got "
-                          f"{describe(role)}")
-        if message.get("tool_calls"):
-            raise invalid(f"{where}.tool_calls", "tool calls are not supported by this server")
-        content = _message_content(message.get("content"), where, role)
-        reasoning = message.get("reasoning_content")
-        if reasoning is not None:
-            if role != "assistant" or not isinstance(reasoning, str):
-                raise invalid(f"{where}.reasoning_content",
-                              f"'{where}.reasoning_content' must be a string on an assistant message")
-            # The chat template splits an assistant turn's reasoning off at </think> again.
-            content = f"<think>\n{reasoning}\n</think>\n\n{content}"
-        for name in ("name", "tool_call_id"):
-            if message.get(name) is not None and not isinstance(message[name], str):
-                raise invalid(f"{where}.{name}", f"'{where}.{name}' must be a string")
-        turns.append(ChatTurn(role=role, content=content))
-    return turns
-
-
-def _message_content(content: Any, where: str, role: str) -> str:
-    if isinstance(content, str):
-        return content
-    if content is None:
-        if role == "assistant":
-            return ""
-        raise invalid(f"{where}.content", f"'{where}.content' is required on a {role} message")
-    if not isinstance(content, list):
-        raise invalid(f"{where}.content", f"'{where}.content' must be a string or an array of text parts, "
-                      f"got {describe(content)}")
-    texts = []
-    for j, part in enumerate(content):
-        part_where = f"{where}.content[{j}]"
-        if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else None
-            raise invalid(part_where, f"'{part_where}' must be a text part {{'type': 'text', 'text': ...}}; "
-                          f"got type {kind!r} (only text is supported)")
-        if not isinstance(part.get("text"), str):
-            raise invalid(f"{part_where}.text", f"'{part_where}.text' must be a string")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _parse_template_kwargs(fields: BodyFields) -> bool:
-    kwargs = fields.get("chat_template_kwargs")
-    if kwargs is None:
-        return True
-    if not isinstance(kwargs, dict):
-        raise invalid("chat_template_kwargs",
-                      f"'chat_template_kwargs' must be an object, got {describe(kwargs)}")
-    unknown = sorted(set(kwargs) - {"enable_thinking"})
-    if unknown:
-        raise invalid(f"chat_template_kwargs.{unknown[0]}",
-                      f"unknown chat template argument {unknown[0]!r}; the Qwen3 template takes "
-                      "enable_thinking")
-    enable = kwargs.get("enable_thinking", True)
-    if not isinstance(enable, bool):
-        raise invalid("chat_template_kwargs.enable_thinking",
-                      f"'chat_template_kwargs.enable_thinking' must be a boolean, got {describe(enable)}")
-    return enable
 
 
 def _parse_stop(fields: BodyFields) -> tuple[str, ...]:

@@ -1,0 +1,93 @@
+"""The `messages` of a chat completion request and its chat-template arguments, checked.
+
+Roles are OpenAI's (system, user, assistant, tool); content is a string or an array of text parts
+(joined with newlines); an assistant turn's `reasoning_content` goes back inside <think> tags for
+the template to split off again. Tool calls and non-text parts are refused, naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.body_fields import BodyFields, describe
+from api.errors import invalid
+from procs.messages import ChatTurn
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+_MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning_content", "tool_call_id", "tool_calls"})
+
+
+def parse_messages(value: Any) -> list[ChatTurn]:
+    """The chat turns of `messages`, or ApiError naming the first bad field."""
+    if not isinstance(value, list) or not value:
+        raise invalid("messages", f"'messages' must be a non-empty array of messages, got {describe(value)}")
+    turns = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid(where, f"'{where}' must be an object, got {describe(message)}")
+        unknown = sorted(set(message) - _MESSAGE_FIELDS)
+        if unknown:
+            raise invalid(f"{where}.{unknown[0]}", f"unrecognized message field '{where}.{unknown[0]}'")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise invalid(f"{where}.role", f"'{where}.role' must be one of {', '.join(CHAT_ROLES)}; got "
+                          f"{describe(role)}")
+        if message.get("tool_calls"):
+            raise invalid(f"{where}.tool_calls", "tool calls are not supported by this server")
+        content = _message_content(message.get("content"), where, role)
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None:
+            if role != "assistant" or not isinstance(reasoning, str):
+                raise invalid(f"{where}.reasoning_content",
+                              f"'{where}.reasoning_content' must be a string on an assistant message")
+            # The chat template splits an assistant turn's reasoning off at </think> again.
+            content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+        for name in ("name", "tool_call_id"):
+            if message.get(name) is not None and not isinstance(message[name], str):
+                raise invalid(f"{where}.{name}", f"'{where}.{name}' must be a string")
+        turns.append(ChatTurn(role=role, content=content))
+    return turns
+
+
+def _message_content(content: Any, where: str, role: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        if role == "assistant":
+            return ""
+        raise invalid(f"{where}.content", f"'{where}.content' is required on a {role} message")
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content", f"'{where}.content' must be a string or an array of text parts, "
+                      f"got {describe(content)}")
+    texts = []
+    for j, part in enumerate(content):
+        part_where = f"{where}.content[{j}]"
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else None
+            raise invalid(part_where, f"'{part_where}' must be a text part {{'type': 'text', 'text': ...}}; "
+                          f"got type {kind!r} (only text is supported)")
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"{part_where}.text", f"'{part_where}.text' must be a string")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def parse_template_kwargs(fields: BodyFields) -> bool:
+    """`chat_template_kwargs.enable_thinking` (the Qwen3 template's only argument); True when left out."""
+    kwargs = fields.get("chat_template_kwargs")
+    if kwargs is None:
+        return True
+    if not isinstance(kwargs, dict):
+        raise invalid("chat_template_kwargs",
+                      f"'chat_template_kwargs' must be an object, got {describe(kwargs)}")
+    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    if unknown:
+        raise invalid(f"chat_template_kwargs.{unknown[0]}",
+                      f"unknown chat template argument {unknown[0]!r}; the Qwen3 template takes "
+                      "enable_thinking")
+    enable = kwargs.get("enable_thinking", True)
+    if not isinstance(enable, bool):
+        raise invalid("chat_template_kwargs.enable_thinking",
+                      f"'chat_template_kwargs.enable_thinking' must be a boolean, got {describe(enable)}")
+    return enable
