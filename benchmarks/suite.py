@@ -8,6 +8,7 @@ and keep every run's JSON (with the exact commands) for `python -m benchmarks.re
 Runs (the performance report's keys):
   chat                 one conversation of two chat turns through /v1/chat/completions, 128 tokens each
   c1, c16, c64, c302   random 1,784 in / 256 out at that concurrency (c302: 1,000 prompts)
+  c1_async, c302_async c1 and c302 with --async-scheduling
   prefix_on/off        shared-prefix: 64 groups x 16 prompts, 2,048-token system, 128 question, 256 out,
                        with the prefix cache on and off
   dp2                  c302's request shape, 500 prompts, two replicas sharing the card (--dp 2)
@@ -52,6 +53,7 @@ class Run:
     server_flags: tuple[str, ...]  # beyond --model/--load-format
     load_flags: tuple[str, ...]
     num_prompts: int  # before --scale
+    prompts_of: str = ""  # another run whose prompts (seed) this one repeats, for a like-for-like pair
 
 
 RUNS = {
@@ -69,6 +71,10 @@ RUNS = {
     # cards): half of c302's prompts keep the run short.
     "dp2": Run("dp2", ("--dp", "2"), (*RANDOM, "--max-concurrency", "302"), 500),
     "peer_cadence": Run("peer_cadence", (), PEER_WORKLOAD, 256),
+    # The same prompts as c1 and c302, with async scheduling on (each on a server of its own).
+    "c1_async": Run("c1_async", ("--async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
+    "c302_async": Run("c302_async", ("--async-scheduling",), (*RANDOM, "--max-concurrency", "302"), 1000,
+                      "c302"),
 }
 
 
@@ -158,7 +164,8 @@ def main(argv: list[str] | None = None) -> None:
                 server_flags = flags
             # Each run its own prompts (--seed): one run's prompts are no cache hits for the next.
             load = ["--base-url", server.url, *_load_flags(run, args.scale), "--label", key, "--no-progress",
-                    "--seed", str(list(RUNS).index(key)), "--out", os.path.join(args.out_dir, f"{key}.json")]
+                    "--seed", str(list(RUNS).index(run.prompts_of or key)),
+                    "--out", os.path.join(args.out_dir, f"{key}.json")]
             print(
                 f"[suite] {key}: cadence serve {shlex.join(flags)} ; python -m benchmarks.load "
                 f"{shlex.join(load)}",
