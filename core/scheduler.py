@@ -42,6 +42,7 @@ import numpy as np
 from core.config import CacheConfig, SchedulerConfig
 from core.kv.block_pool import BlockPool
 from core.kv.radix_cache import RadixCache
+from core.kv.request_pages import RequestPages
 from core.plan import StepPlan, StepResult
 from core.request import Request, RequestOutput, RequestStatus
 from core.request_outcome import final_output, stop_status, token_output
@@ -81,6 +82,7 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the newest is last
         self._requests: dict[str, Request] = {}  # every unfinished request
         self._slots = SlotTable(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size))
+        self._pages = RequestPages(self.pool, self.cache, self._slots, self.block_size)
         self._rng = np.random.default_rng(seed)
         self._pending_outputs: list[RequestOutput] = []
         self._in_flight: deque[tuple[int, list[ScheduledChunk]]] = deque()  # (step id, chunks), oldest first
@@ -264,7 +266,7 @@ class Scheduler:
                 request.num_inflight_tokens -= chunk.num_new
             request.num_computed_tokens += chunk.num_new
             if publish and request.num_computed_tokens // block_size > request.num_published_pages:
-                self._publish_written(request)
+                self._pages.publish_written(request)
             if logits_index[row] < 0:
                 continue  # a prefill chunk that does not reach the end samples nothing
             if in_flight_counts:
@@ -337,12 +339,10 @@ class Scheduler:
             num_new = num_todo
         else:
             return None  # no chunking: wait for a step with room for the whole prompt
-        self.pool.incref(match.pages)
-        self.cache.lock(match.node)
-        pages = self._allocate(-(-(match.length + num_new) // self.block_size) - len(match.pages))
+        self._pages.hold(match)
+        pages = self._pages.allocate(-(-(match.length + num_new) // self.block_size) - len(match.pages))
         if pages is None:
-            self.cache.unlock(match.node)
-            self.pool.decref(match.pages)
+            self._pages.unhold(match)
             return None
         self.waiting.popleft()
         if request.status is RequestStatus.PREEMPTED:
@@ -355,10 +355,7 @@ class Scheduler:
             self._prefix_hit_tokens += match.length
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = match.length
-        request.cache_node = match.node
-        request.num_published_pages = len(match.pages)
-        self._slots.assign(request)
-        self._slots.add_pages(request, match.pages + pages)
+        self._pages.attach(request, match, pages)
         self.running.append(request)
         return num_new
 
@@ -372,7 +369,7 @@ class Scheduler:
         if num_needed <= 0:
             return True, False
         preempted = False
-        while (pages := self._allocate(num_needed)) is None:
+        while (pages := self._pages.allocate(num_needed)) is None:
             victim = self.running[-1]
             if victim is request and index == 0:
                 raise SchedulerError(
@@ -383,23 +380,12 @@ class Scheduler:
             preempted = True
             if victim is request:
                 return False, True
-        self._slots.add_pages(request, pages)
+        self._pages.extend(request, pages)
         return True, preempted
-
-    def _allocate(self, num_pages: int) -> list[int] | None:
-        """`num_pages` pages, evicting from the prefix cache if needed; None if even that is not enough."""
-        if num_pages <= 0:
-            return []
-        short = num_pages - self.pool.num_free
-        if short > 0 and self.pool.num_cached >= short:
-            self.cache.evict(short)
-        if self.pool.num_free < num_pages:
-            return None
-        return self.pool.allocate(num_pages)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
-        self._release(request, publish=True)
+        self._pages.release(request, publish=True)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_inflight_tokens = request.num_pending_samples = 0  # its chunks in flight are void
@@ -408,44 +394,12 @@ class Scheduler:
         self._num_preempted_waiting += 1
         self._num_preemptions += 1
 
-    def _publish_written(self, request: Request) -> None:
-        """Share a running request's newly written full pages through the prefix cache right away.
-
-        Where the tree already held those tokens (another request wrote the same prefix in the
-        same step), the request switches to the tree's pages and frees its duplicates.
-        """
-        first, num_full = request.num_published_pages, request.num_computed_tokens // self.block_size
-        block_size = self.block_size
-        match = self.cache.publish(request.all_token_ids[first * block_size : num_full * block_size],
-                                   request.pages[first:num_full], request.cache_node)
-        request.cache_node = match.node
-        for index, tree in enumerate(match.pages, start=first):
-            mine = request.pages[index]
-            if mine != tree:
-                self.pool.incref([tree])
-                self.pool.decref([mine])
-                self._slots.replace_page(request, index, tree)
-        request.num_published_pages = num_full
-
-    def _release(self, request: Request, publish: bool) -> None:
-        """Give back a running request's pages and slot; `publish`: its written full pages go to the cache."""
-        self.cache.unlock(request.cache_node)
-        request.cache_node = None
-        request.num_published_pages = 0
-        if publish:
-            # Only tokens [0, num_computed_tokens) have KV; the last sampled token has none yet.
-            num_full = request.num_computed_tokens // self.block_size
-            self.cache.insert(request.all_token_ids[: num_full * self.block_size], request.pages[:num_full])
-        self.pool.decref(request.pages)  # duplicates of cached pages and the partial page become free
-        self._slots.release(request)
-        request.pages = []
-
     # --- finishing --------------------------------------------------------------------------------
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Mark finished and free what it holds; the caller takes it out of running or waiting."""
         if request.slot is not None:
             # A failed step's KV is not trusted: nothing of it goes to the cache.
-            self._release(request, publish=request.error is None)
+            self._pages.release(request, publish=request.error is None)
         request.status = status
         del self._requests[request.request_id]
 
