@@ -3,7 +3,11 @@
 It loads its shard, joins its replica's TP group (NCCL across cards, gloo on the CPU or when ranks
 share a card), profiles memory, reports its KV pages in the READY handshake, then loops:
 
-    wait for a doorbell -> read the plan from the ring -> run the ModelRunner -> reply (TP rank 0)
+    wait for a doorbell -> read the plan from the ring -> launch it on the device -> reply (TP rank 0)
+
+A launched step replies once its device work is done. If the next plan arrives first (async
+scheduling sends it early), that plan is launched behind the running step before the older one
+replies, so the GPU goes from one step to the next without waiting for the host.
 
 It never decides anything. Every TP rank runs every step in the order the doorbell announces them,
 which is what keeps the ranks in lockstep. An exception inside a step becomes a StepDone with the
