@@ -105,15 +105,13 @@ class PlanReceiver:
         return Step(step_id, self.ring.read(step_id, slot, _RING_READ_TIMEOUT_S), slot)
 
     def _spin(self) -> Step | None:
-        if self.spin_s <= 0 or self.ring is None or self.next_step_id is None:
+        if self.spin_s <= 0:
             return None
-        step_id, ring = self.next_step_id, self.ring
         deadline = time.perf_counter() + self.spin_s
-        while (slot := ring.slot_of(step_id)) is None:
+        while (step := self._take_from_ring()) is None:
             if time.perf_counter() > deadline:
                 return None
-        self.next_step_id = step_id + 1
-        return Step(step_id, ring.read(step_id, slot, _RING_READ_TIMEOUT_S), slot)
+        return step
 
     def _ring(self) -> StepRing:
         if self.ring is None:

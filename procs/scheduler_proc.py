@@ -92,10 +92,9 @@ class Replica:
         self.num_pages = num_pages
         self.tp_size = config.parallel.tp_size
         # Async scheduling: the next step goes out while this one runs.
-        self.max_steps_in_flight = 2 if config.scheduler.async_scheduling else 1
         self.scheduler = Scheduler(config.scheduler, config.cache, num_pages, config.max_model_len,
                                    eos_token_ids=eos, seed=config.seed + index, replica=index,
-                                   max_steps_in_flight=self.max_steps_in_flight)
+                                   max_steps_in_flight=2 if config.scheduler.async_scheduling else 1)
         sched = config.scheduler
         max_pages = -(-config.max_model_len // config.cache.block_size)
         # Room for a full step; penalty histories past this go as a frame on the doorbell instead.
@@ -211,7 +210,7 @@ class SchedulerProcess:
 
     def launch(self) -> None:
         for replica in self.replicas:
-            while replica.alive and len(replica.in_flight) < replica.max_steps_in_flight:
+            while replica.alive and len(replica.in_flight) < replica.scheduler.max_steps_in_flight:
                 plan = replica.scheduler.schedule()
                 if plan is None:
                     if not replica.in_flight:
