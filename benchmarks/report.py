@@ -19,7 +19,7 @@ import os
 import platform
 import subprocess
 
-ORDER = ("chat", "c1", "c16", "c64", "c302", "c1_async", "c302_async", "prefix_on", "prefix_off", "dp2",
+ORDER = ("chat", "c1", "c16", "c64", "c302", "c1_sync", "c302_sync", "prefix_on", "prefix_off", "dp2",
          "peer_cadence", "tp2")
 _BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time")
 

@@ -8,7 +8,7 @@ and keep every run's JSON (with the exact commands) for `python -m benchmarks.re
 Runs (the performance report's keys):
   chat                 one conversation of two chat turns through /v1/chat/completions, 128 tokens each
   c1, c16, c64, c302   random 1,784 in / 256 out at that concurrency (c302: 1,000 prompts)
-  c1_async, c302_async c1 and c302 with --async-scheduling
+  c1_sync, c302_sync   c1 and c302 one step at a time (--no-async-scheduling)
   prefix_on/off        shared-prefix: 64 groups x 16 prompts, 2,048-token system, 128 question, 256 out,
                        with the prefix cache on and off
   dp2                  c302's request shape, 500 prompts, two replicas sharing the card (--dp 2)
@@ -71,10 +71,10 @@ RUNS = {
     # cards): half of c302's prompts keep the run short.
     "dp2": Run("dp2", ("--dp", "2"), (*RANDOM, "--max-concurrency", "302"), 500),
     "peer_cadence": Run("peer_cadence", (), PEER_WORKLOAD, 256),
-    # The same prompts as c1 and c302, with async scheduling on (each on a server of its own).
-    "c1_async": Run("c1_async", ("--async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
-    "c302_async": Run("c302_async", ("--async-scheduling",), (*RANDOM, "--max-concurrency", "302"), 1000,
-                      "c302"),
+    # The same prompts as c1 and c302, one step at a time (each on a server of its own).
+    "c1_sync": Run("c1_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
+    "c302_sync": Run("c302_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "302"), 1000,
+                     "c302"),
 }
 
 

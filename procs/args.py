@@ -63,9 +63,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="auto: the checkpoint's safetensors, or dummy weights for a preset")
     group.add_argument("--attention-backend", choices=("auto", "triton", "reference"), default="auto",
                        help="auto: triton on GPU, reference (plain torch) on CPU")
-    group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+    group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                        help="plan the next step while the current one runs, two steps in flight per "
-                            "replica (default: off)")
+                            "replica (default: on)")
     group.add_argument("--enforce-eager", action="store_true",
                        help="no CUDA graphs for decode steps (default: graphs on a single-rank GPU replica)")
     group.add_argument("--seed", type=int, default=0, help="dummy weights and unseeded sampling (default: 0)")

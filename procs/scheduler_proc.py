@@ -5,7 +5,8 @@
 
 Each replica has its own Scheduler (block pool, radix tree), its own shared-memory ring and its
 own doorbell; its TP ranks read the same slot and run the same step. Replicas step independently:
-up to two steps in flight per replica with async scheduling (else one), results back in order,
+up to two steps in flight per replica with async scheduling (else one; the second planned shortly
+before the first is expected to end, core/plan_ahead.py), results back in order,
 nothing shared between replicas, no barrier. A replica whose executor dies (the launcher sends
 ReplicaDown) or whose step outlives `step_timeout_s` is taken down; its requests move to live
 replicas and are recomputed there, as after a preemption, so their streams simply continue. With
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -24,6 +26,7 @@ from multiprocessing.connection import Connection
 
 from core.dp_router import DPRouter
 from core.plan import StepPlan, pack_plan, packed_plan_nbytes
+from core.plan_ahead import PlanAhead
 from core.request import Request, RequestOutput
 from core.scheduler import RequestRejectedError, Scheduler, SchedulerError
 from ipc.channels import PubChannel, PullChannel, PushChannel, wait_readable
@@ -105,6 +108,9 @@ class Replica:
         self.alive = True
         self.down_reason: str | None = None
         self.in_flight: deque[InFlight] = deque()  # oldest first; results come back in this order
+        # Async scheduling: the step behind the running one is planned at plan_next_at (monotonic s).
+        self.plan_ahead = PlanAhead()
+        self.plan_next_at = 0.0
         self.has_work = False  # unfinished requests after the last step came back
         self.step_execute_s = 0.0
         self.step_wait_s = 0.0
@@ -186,8 +192,18 @@ class SchedulerProcess:
             self.watch()
 
     def wait(self) -> None:
-        busy = any(r.alive and not r.in_flight and r.scheduler.has_unfinished() for r in self.replicas)
-        wait_readable([self.inputs, self.results], 0.0 if busy else _IDLE_WAIT_S)
+        """Until a message comes, or a replica has a step to plan: at once if its device is idle,
+        at its plan_next_at if one step runs (async scheduling)."""
+        timeout = _IDLE_WAIT_S
+        now = time.monotonic()
+        for r in self.replicas:
+            if not (r.alive and r.scheduler.has_unfinished()):
+                continue
+            if not r.in_flight:
+                timeout = 0.0
+            elif len(r.in_flight) < r.scheduler.max_steps_in_flight:
+                timeout = min(timeout, max(0.0, r.plan_next_at - now))
+        wait_readable([self.inputs, self.results], timeout)
 
     def receive(self) -> None:
         while (msg := self._recv(self.inputs)) is not None:
@@ -211,10 +227,14 @@ class SchedulerProcess:
     def launch(self) -> None:
         for replica in self.replicas:
             while replica.alive and len(replica.in_flight) < replica.scheduler.max_steps_in_flight:
+                if replica.in_flight and time.monotonic() < replica.plan_next_at:
+                    break  # too early to freeze the next step's batch
                 plan = replica.scheduler.schedule()
                 if plan is None:
                     if not replica.in_flight:
                         self._pending.extend(replica.scheduler.drain_outputs())
+                    else:
+                        replica.plan_next_at = math.inf  # nothing to plan until the running step's result
                     break
                 try:
                     self.broadcast(replica, plan)
@@ -233,7 +253,10 @@ class SchedulerProcess:
             frame = bytearray(nbytes)
             pack_plan(plan, frame)
             replica.doorbell.send(StepReady(plan.step_id, -1), frames=[frame])
-        replica.in_flight.append(InFlight(plan, time.monotonic(), back_to_back=replica.has_work))
+        sent_s = time.monotonic()
+        replica.in_flight.append(InFlight(plan, sent_s, back_to_back=replica.has_work))
+        if len(replica.in_flight) == 1:  # the device was idle: this step starts now
+            replica.plan_next_at = replica.plan_ahead.plan_next_at(sent_s, plan.num_tokens)
 
     def emit(self) -> None:
         for rejected in self._rejected:
@@ -318,6 +341,11 @@ class SchedulerProcess:
             return
         replica.in_flight.popleft()
         replica.record_timings(flight, result.timings_ms)
+        if "execute" in result.timings_ms:
+            replica.plan_ahead.observe(plan.num_tokens, result.timings_ms["execute"] / 1e3)
+        if replica.in_flight:  # the next step was queued behind this one: it starts about now
+            running = replica.in_flight[0].plan
+            replica.plan_next_at = replica.plan_ahead.plan_next_at(time.monotonic(), running.num_tokens)
         self._pending.extend(replica.scheduler.update(plan, result))
         replica.has_work = replica.scheduler.has_unfinished()
 

@@ -104,11 +104,12 @@ def test_rms_norm_kernel_equals_torch(dtype, num_tokens, size):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_tokens", [1, 37])
-@pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(5, 1, 128), (4, 2, 48), (40, 8, 128)],
-                         ids=["mqa5-d128", "gqa2-d48", "qwen3-14b"])
+@pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(5, 1, 128), (4, 2, 48), (32, 16, 64), (40, 8, 128)],
+                         ids=["mqa5-d128", "gqa2-d48", "two-k-groups-d64", "qwen3-14b"])
 def test_qk_norm_rope_kernel_equals_torch_on_split_views(dtype, num_tokens, q_heads, kv_heads, head_dim):
     """q and k as the model hands them over: views of one packed qkv row, not contiguous. head_dim 48
-    has a half (24) that is not a power of two, so the kernel masks."""
+    has a half (24) that is not a power of two, so the kernel masks. A program takes a group of up to
+    eight heads: one head (mqa5), two (gqa2), several k groups (32/16), five q groups and one k (14b)."""
     seed = q_heads * head_dim + num_tokens
     qkv = random(num_tokens, (q_heads + 2 * kv_heads) * head_dim, dtype=dtype, seed=seed, scale=3.0)
     q, k, _ = qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)

@@ -1,0 +1,54 @@
+"""When async scheduling plans the step that goes behind the one running.
+
+Planning step N+1 the moment step N starts keeps the GPU busy, but it freezes N+1's batch a whole
+step early: a request that arrives while N runs cannot join N+1 and waits for N+2, one step more
+than with one step at a time. Under load the steps carry long prefill chunks (hundreds of
+milliseconds), and on an H200 that step doubled the median time to first token of the
+shared-prefix workload's later requests. So the scheduler plans N+1 shortly before N is expected
+to end: late enough that arrivals during most of N join N+1, early enough that N+1 is on the
+device before N finishes.
+
+The expected duration of a step comes from the recent steps of the same size class (its token
+count rounded down to a power of two): an exponential average of the executor's measured time.
+A class never seen plans at once, as before; an estimate that runs short only plans early, and one
+that runs long leaves the GPU idle for the difference, which `cadence:step_wait_seconds` shows.
+Used by procs/scheduler_proc.py, one per replica.
+"""
+
+from __future__ import annotations
+
+# How much of a step's expected time to wait before planning the next, and what to leave for
+# planning, the broadcast and the executor's launch (a few milliseconds for an eager prefill step).
+WAIT_FRACTION = 0.8
+LAUNCH_MARGIN_S = 0.002
+SMOOTHING = 0.3  # weight of the newest step in the average
+
+
+class PlanAhead:
+    def __init__(self, wait_fraction: float = WAIT_FRACTION, launch_margin_s: float = LAUNCH_MARGIN_S) -> None:
+        self.wait_fraction = wait_fraction
+        self.launch_margin_s = launch_margin_s
+        self._expected_s: dict[int, float] = {}  # size class -> average seconds
+
+    @staticmethod
+    def size_class(num_tokens: int) -> int:
+        return max(1, num_tokens).bit_length()
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        """A finished step's device time."""
+        if seconds <= 0:
+            return
+        key = self.size_class(num_tokens)
+        old = self._expected_s.get(key)
+        self._expected_s[key] = seconds if old is None else old + SMOOTHING * (seconds - old)
+
+    def expected_s(self, num_tokens: int) -> float | None:
+        return self._expected_s.get(self.size_class(num_tokens))
+
+    def plan_next_at(self, started_s: float, num_tokens: int) -> float:
+        """When to plan the step behind one of `num_tokens` tokens that started on the device at
+        `started_s` (monotonic seconds)."""
+        expected = self.expected_s(num_tokens)
+        if expected is None:
+            return started_s
+        return started_s + max(0.0, self.wait_fraction * expected - self.launch_margin_s)
