@@ -4,9 +4,9 @@ Planning step N+1 the moment step N starts keeps the GPU busy, but it freezes N+
 step early: a request that arrives while N runs cannot join N+1 and waits for N+2, one step more
 than with one step at a time. Under load the steps carry long prefill chunks (hundreds of
 milliseconds): on an H200, planning at once raised the median time to first token of the
-shared-prefix workload's later requests (those sent after the first 256) from 267 to 846 ms. So the scheduler plans N+1 shortly before N is expected
-to end: late enough that arrivals during most of N join N+1, early enough that N+1 is on the
-device before N finishes.
+shared-prefix workload's later requests (those sent after the first 256) from 267 to 846 ms.
+So the scheduler plans N+1 shortly before N is expected to end: late enough that arrivals during
+most of N join N+1, early enough that N+1 is on the device before N finishes.
 
 The expected duration of a step comes from the recent steps of the same size class (its token
 count rounded down to a power of two): an exponential average of the executor's measured time.
@@ -25,7 +25,8 @@ SMOOTHING = 0.3  # weight of the newest step in the average
 
 
 class PlanAhead:
-    def __init__(self, wait_fraction: float = WAIT_FRACTION, launch_margin_s: float = LAUNCH_MARGIN_S) -> None:
+    def __init__(self, wait_fraction: float = WAIT_FRACTION,
+                 launch_margin_s: float = LAUNCH_MARGIN_S) -> None:
         self.wait_fraction = wait_fraction
         self.launch_margin_s = launch_margin_s
         self._expected_s: dict[int, float] = {}  # size class -> average seconds
