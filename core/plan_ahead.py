@@ -17,6 +17,8 @@ Used by procs/scheduler_proc.py, one per replica.
 
 from __future__ import annotations
 
+import math
+
 # How much of a step's expected time to wait before planning the next, and what to leave for
 # planning, the broadcast and the executor's launch (a few milliseconds for an eager prefill step).
 WAIT_FRACTION = 0.8
@@ -25,23 +27,18 @@ SMOOTHING = 0.3  # weight of the newest step in the average
 
 
 class PlanAhead:
+    """One replica's clock for planning: fed the steps sent and done, asked whether to plan now."""
+
     def __init__(self, wait_fraction: float = WAIT_FRACTION,
                  launch_margin_s: float = LAUNCH_MARGIN_S) -> None:
         self.wait_fraction = wait_fraction
         self.launch_margin_s = launch_margin_s
         self._expected_s: dict[int, float] = {}  # size class -> average seconds
+        self._plan_at = 0.0  # monotonic seconds: when to plan the step behind the running one
 
     @staticmethod
     def size_class(num_tokens: int) -> int:
         return max(1, num_tokens).bit_length()
-
-    def observe(self, num_tokens: int, seconds: float) -> None:
-        """A finished step's device time."""
-        if seconds <= 0:
-            return
-        key = self.size_class(num_tokens)
-        old = self._expected_s.get(key)
-        self._expected_s[key] = seconds if old is None else old + SMOOTHING * (seconds - old)
 
     def expected_s(self, num_tokens: int) -> float | None:
         return self._expected_s.get(self.size_class(num_tokens))
@@ -53,3 +50,31 @@ class PlanAhead:
         if expected is None:
             return started_s
         return started_s + max(0.0, self.wait_fraction * expected - self.launch_margin_s)
+
+    # --- fed by the scheduler process ------------------------------------------------------------
+    def step_sent(self, now: float, num_tokens: int, steps_before: int) -> None:
+        """A step went out; with no step before it in flight, the device starts it now."""
+        if steps_before == 0:
+            self._plan_at = self.plan_next_at(now, num_tokens)
+
+    def step_done(self, now: float, num_tokens: int, device_s: float | None,
+                  running_num_tokens: int | None) -> None:
+        """A step's result came back after `device_s` on the device; the step queued behind it, if
+        any (`running_num_tokens`), started about now."""
+        if device_s is not None and device_s > 0:
+            key = self.size_class(num_tokens)
+            old = self._expected_s.get(key)
+            self._expected_s[key] = device_s if old is None else old + SMOOTHING * (device_s - old)
+        if running_num_tokens is not None:
+            self._plan_at = self.plan_next_at(now, running_num_tokens)
+
+    def nothing_to_plan(self) -> None:
+        """The scheduler had no step to add behind the running one: wait for its result."""
+        self._plan_at = math.inf
+
+    # --- asked by the scheduler process ----------------------------------------------------------
+    def may_plan(self, now: float, steps_in_flight: int) -> bool:
+        return steps_in_flight == 0 or now >= self._plan_at
+
+    def seconds_until_plan(self, now: float) -> float:
+        return max(0.0, self._plan_at - now)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 from collections import deque
@@ -108,9 +107,7 @@ class Replica:
         self.alive = True
         self.down_reason: str | None = None
         self.in_flight: deque[InFlight] = deque()  # oldest first; results come back in this order
-        # Async scheduling: the step behind the running one is planned at plan_next_at (monotonic s).
-        self.plan_ahead = PlanAhead()
-        self.plan_next_at = 0.0
+        self.plan_ahead = PlanAhead()  # async scheduling: when to plan the step behind the running one
         self.has_work = False  # unfinished requests after the last step came back
         self.step_execute_s = 0.0
         self.step_wait_s = 0.0
@@ -202,7 +199,7 @@ class SchedulerProcess:
             if not r.in_flight:
                 timeout = 0.0
             elif len(r.in_flight) < r.scheduler.max_steps_in_flight:
-                timeout = min(timeout, max(0.0, r.plan_next_at - now))
+                timeout = min(timeout, r.plan_ahead.seconds_until_plan(now))
         wait_readable([self.inputs, self.results], timeout)
 
     def receive(self) -> None:
@@ -227,14 +224,14 @@ class SchedulerProcess:
     def launch(self) -> None:
         for replica in self.replicas:
             while replica.alive and len(replica.in_flight) < replica.scheduler.max_steps_in_flight:
-                if replica.in_flight and time.monotonic() < replica.plan_next_at:
+                if not replica.plan_ahead.may_plan(time.monotonic(), len(replica.in_flight)):
                     break  # too early to freeze the next step's batch
                 plan = replica.scheduler.schedule()
                 if plan is None:
                     if not replica.in_flight:
                         self._pending.extend(replica.scheduler.drain_outputs())
                     else:
-                        replica.plan_next_at = math.inf  # nothing to plan until the running step's result
+                        replica.plan_ahead.nothing_to_plan()
                     break
                 try:
                     self.broadcast(replica, plan)
@@ -254,9 +251,8 @@ class SchedulerProcess:
             pack_plan(plan, frame)
             replica.doorbell.send(StepReady(plan.step_id, -1), frames=[frame])
         sent_s = time.monotonic()
+        replica.plan_ahead.step_sent(sent_s, plan.num_tokens, len(replica.in_flight))
         replica.in_flight.append(InFlight(plan, sent_s, back_to_back=replica.has_work))
-        if len(replica.in_flight) == 1:  # the device was idle: this step starts now
-            replica.plan_next_at = replica.plan_ahead.plan_next_at(sent_s, plan.num_tokens)
 
     def emit(self) -> None:
         for rejected in self._rejected:
@@ -341,11 +337,10 @@ class SchedulerProcess:
             return
         replica.in_flight.popleft()
         replica.record_timings(flight, result.timings_ms)
-        if "execute" in result.timings_ms:
-            replica.plan_ahead.observe(plan.num_tokens, result.timings_ms["execute"] / 1e3)
-        if replica.in_flight:  # the next step was queued behind this one: it starts about now
-            running = replica.in_flight[0].plan
-            replica.plan_next_at = replica.plan_ahead.plan_next_at(time.monotonic(), running.num_tokens)
+        execute_ms = result.timings_ms.get("execute")
+        replica.plan_ahead.step_done(time.monotonic(), plan.num_tokens,
+                                     None if execute_ms is None else execute_ms / 1e3,
+                                     replica.in_flight[0].plan.num_tokens if replica.in_flight else None)
         self._pending.extend(replica.scheduler.update(plan, result))
         replica.has_work = replica.scheduler.has_unfinished()
 

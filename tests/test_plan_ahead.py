@@ -1,4 +1,4 @@
-"""When async scheduling plans the step behind the running one (core/plan_ahead.py)."""
+"""When async scheduling plans the step behind the running one (core/plan_ahead.py), on a fake clock."""
 
 import pytest
 
@@ -9,25 +9,27 @@ def test_a_step_size_never_seen_plans_at_once():
     ahead = PlanAhead(wait_fraction=0.8, launch_margin_s=0.002)
     assert ahead.expected_s(256) is None
     assert ahead.plan_next_at(100.0, 256) == 100.0
+    ahead.step_sent(100.0, 256, steps_before=0)
+    assert ahead.may_plan(100.0, steps_in_flight=1)
 
 
 def test_the_next_plan_waits_for_most_of_the_expected_step():
     ahead = PlanAhead(wait_fraction=0.8, launch_margin_s=0.002)
-    ahead.observe(256, 0.030)
+    ahead.step_done(10.0, 256, 0.030, running_num_tokens=None)
     assert ahead.expected_s(256) == pytest.approx(0.030)
     assert ahead.plan_next_at(100.0, 256) == pytest.approx(100.0 + 0.8 * 0.030 - 0.002)
 
 
 def test_steps_shorter_than_the_margin_plan_at_once():
     ahead = PlanAhead(wait_fraction=0.8, launch_margin_s=0.002)
-    ahead.observe(1, 0.001)
+    ahead.step_done(0.0, 1, 0.001, running_num_tokens=None)
     assert ahead.plan_next_at(5.0, 1) == 5.0
 
 
 def test_size_classes_are_powers_of_two_and_kept_apart():
     ahead = PlanAhead()
-    ahead.observe(300, 0.035)  # a decode of 300 requests
-    ahead.observe(8192, 0.360)  # a step full of prefill
+    ahead.step_done(0.0, 300, 0.035, None)  # a decode of 300 requests
+    ahead.step_done(0.0, 8192, 0.360, None)  # a step full of prefill
     assert ahead.expected_s(256) == pytest.approx(0.035)  # 256 .. 511 share a class
     assert ahead.expected_s(511) == pytest.approx(0.035)
     assert ahead.expected_s(512) is None
@@ -38,9 +40,37 @@ def test_size_classes_are_powers_of_two_and_kept_apart():
 
 def test_the_estimate_follows_the_recent_steps():
     ahead = PlanAhead()
-    ahead.observe(64, 0.010)
+    ahead.step_done(0.0, 64, 0.010, None)
     for _ in range(30):
-        ahead.observe(64, 0.020)  # contexts grew: the steps got slower
+        ahead.step_done(0.0, 64, 0.020, None)  # contexts grew: the steps got slower
     assert ahead.expected_s(64) == pytest.approx(0.020, rel=1e-3)
-    ahead.observe(64, 0.0)  # no measurement (a failed step): ignored
+    ahead.step_done(0.0, 64, None, None)  # no measurement (a failed step): ignored
+    ahead.step_done(0.0, 64, 0.0, None)
     assert ahead.expected_s(64) == pytest.approx(0.020, rel=1e-3)
+
+
+def test_two_steps_in_flight_the_second_planned_late_in_the_first():
+    """Decode steps of 10 ms: step A goes out on an idle device, step B is planned 6 ms into A
+    (0.8 x 10 - 2), A's result starts the clock for B, and so on."""
+    ahead = PlanAhead(wait_fraction=0.8, launch_margin_s=0.002)
+    ahead.step_done(0.0, 32, 0.010, None)  # learnt from an earlier step
+    ahead.step_sent(1.000, 32, steps_before=0)  # A: the device was idle, A starts now
+    assert ahead.may_plan(1.000, steps_in_flight=0)  # nothing in flight: always
+    assert not ahead.may_plan(1.001, steps_in_flight=1)
+    assert ahead.seconds_until_plan(1.001) == pytest.approx(0.005)
+    assert ahead.may_plan(1.006, steps_in_flight=1)
+    ahead.step_sent(1.006, 32, steps_before=1)  # B behind A: the clock stays with A
+    assert ahead.seconds_until_plan(1.006) == 0.0
+    ahead.step_done(1.010, 32, 0.010, running_num_tokens=32)  # A back; B runs from now
+    assert not ahead.may_plan(1.012, steps_in_flight=1)
+    assert ahead.may_plan(1.016, steps_in_flight=1)
+
+
+def test_with_nothing_to_plan_it_waits_for_the_running_steps_result():
+    ahead = PlanAhead()
+    ahead.step_sent(1.0, 1, steps_before=0)
+    ahead.nothing_to_plan()
+    assert not ahead.may_plan(1e9, steps_in_flight=1)
+    assert ahead.may_plan(1e9, steps_in_flight=0)
+    ahead.step_done(2.0, 1, 0.008, running_num_tokens=None)  # its result: nothing runs now
+    assert ahead.may_plan(2.0, steps_in_flight=0)
