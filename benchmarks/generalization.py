@@ -8,19 +8,21 @@
 Each server configuration is launched once (Launcher, the native `api.client.Client`), its cells
 run in order, and it is shut down before the next starts:
 
-* reference: DP1 TP1, prefix cache off, chunked prefill off. Prompt lengths 1, block_size-1,
-  block_size, block_size+1, 100 (cpu) or 1000 (full) and max_model_len-1, each alone with max_tokens
-  1, 2 and 64 (max_model_len-1 with 1); batches of 1, 7 (and, full, 64 and 256) prompts of mixed
-  lengths and max_tokens; text, token-id and chat prompts; the cache-off runs of the prefix-cache
-  prompts; penalties; and how requests end: seeded sampling, stop strings, stop token ids,
-  max_tokens, max_model_len. Its outputs are what the other servers must reproduce.
+* reference: DP1 TP1, one step at a time (async scheduling off), prefix cache off, chunked prefill
+  off. Prompt lengths 1, block_size-1, block_size, block_size+1, 100 (cpu) or 1000 (full) and
+  max_model_len-1, each alone with max_tokens 1, 2 and 64 (max_model_len-1 with 1); batches of 1, 7
+  (and, full, 64 and 256) prompts of mixed lengths and max_tokens; text, token-id and chat prompts;
+  the cache-off runs of the prefix-cache prompts; penalties; and how requests end: seeded sampling,
+  stop strings, stop token ids, max_tokens, max_model_len. Its outputs are what the other servers
+  must reproduce.
 * prefix-cache: the cache on; cold, hot, partial-page, next-turn and full-prompt hits, each with the
   num_cached_tokens the cache's contents predict (whole pages, never the prompt's last token).
 * chunked: chunked prefill with a budget of --chunk-budget (16) tokens a step.
 * preemption: a pool of about a third of the pages the cell's requests need (num_preemptions must
   grow), then identical prompts at once on it.
-* async: async scheduling (two steps in flight, placeholder inputs filled by the executor), on
-  the reference's settings and on a pool small enough to preempt.
+* async: async scheduling (the serving default: two steps in flight, placeholder inputs filled by
+  the executor), on the reference's settings and on a pool small enough to preempt. The other
+  servers run one step at a time, as the reference does.
 * dp2, tp2: two replicas, and one replica split over two ranks.
 
 After every cell the pool must balance (benchmarks/generalization_server.py): every replica alive,
@@ -92,13 +94,14 @@ def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int) -> l
     reference = replace(base, parallel=ParallelConfig(tp_size=1, dp_size=1),
                         cache=replace(base.cache, enable_prefix_caching=False),
                         scheduler=replace(base.scheduler, enable_chunked_prefill=False,
-                                          max_num_batched_tokens=budget))
+                                          max_num_batched_tokens=budget, async_scheduling=False))
     cached = replace(reference, cache=replace(reference.cache, enable_prefix_caching=True))
     chunked = replace(reference, scheduler=replace(reference.scheduler, enable_chunked_prefill=True,
                                                    max_num_batched_tokens=chunk_budget))
     small_pool = replace(reference, cache=replace(base.cache, enable_prefix_caching=True,
                                                   num_pages=preemption_pool(workload)),
-                         scheduler=replace(base.scheduler, enable_chunked_prefill=True))
+                         scheduler=replace(reference.scheduler, enable_chunked_prefill=True,
+                                           max_num_batched_tokens=base.scheduler.max_num_batched_tokens))
     layout = "the probe and first batch prompts at once reproduce DP1 TP1's outputs"
     return [
         ServerPlan("reference", reference, reference_cells(workload)),
@@ -126,6 +129,7 @@ def describe_config(config: EngineConfig) -> dict[str, object]:
         "chunked_prefill": config.scheduler.enable_chunked_prefill,
         "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
         "max_num_seqs": config.scheduler.max_num_seqs, "max_model_len": config.max_model_len,
+        "async_scheduling": config.scheduler.async_scheduling,
     }
 
 

@@ -65,14 +65,16 @@ def render_markdown(report: dict) -> str:
         "",
         "## Servers",
         "",
-        "| server | dp | tp | prefix cache | chunked prefill | token budget | KV pages | start (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| server | dp | tp | prefix cache | chunked prefill | async scheduling | token budget | KV pages "
+        "| start (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for server in report["servers"]:
         c = server["config"]
         start = server["error"] if server["error"] else f"{server['startup_s']:.1f}"
         lines.append(f"| {server['name']} | {c['dp']} | {c['tp']} | {_on(c['prefix_caching'])} | "
-                     f"{_on(c['chunked_prefill'])} | {c['max_num_batched_tokens']} | "
+                     f"{_on(c['chunked_prefill'])} | {_on(c.get('async_scheduling', False))} | "
+                     f"{c['max_num_batched_tokens']} | "
                      f"{c['num_pages'] or 'profiled'} | {_cell_text(start)} |")
     lines += [
         "",
