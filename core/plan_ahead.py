@@ -19,20 +19,20 @@ from __future__ import annotations
 
 import math
 
-# How much of a step's expected time to wait before planning the next, and what to leave for
-# planning, the broadcast and the executor's launch (a few milliseconds for an eager prefill step).
-WAIT_FRACTION = 0.8
-LAUNCH_MARGIN_S = 0.002
+# What to leave of the running step's expected time for planning, the broadcast and the executor's
+# launch (well under a millisecond for a decode graph, a few for an eager prefill step) and for the
+# step being shorter than expected: a tenth of it, and never less than MIN_SLACK_S.
+SLACK_FRACTION = 0.1
+MIN_SLACK_S = 0.004
 SMOOTHING = 0.3  # weight of the newest step in the average
 
 
 class PlanAhead:
     """One replica's clock for planning: fed the steps sent and done, asked whether to plan now."""
 
-    def __init__(self, wait_fraction: float = WAIT_FRACTION,
-                 launch_margin_s: float = LAUNCH_MARGIN_S) -> None:
-        self.wait_fraction = wait_fraction
-        self.launch_margin_s = launch_margin_s
+    def __init__(self, slack_fraction: float = SLACK_FRACTION, min_slack_s: float = MIN_SLACK_S) -> None:
+        self.slack_fraction = slack_fraction
+        self.min_slack_s = min_slack_s
         self._expected_s: dict[int, float] = {}  # size class -> average seconds
         self._plan_at = 0.0  # monotonic seconds: when to plan the step behind the running one
 
@@ -49,7 +49,8 @@ class PlanAhead:
         expected = self.expected_s(num_tokens)
         if expected is None:
             return started_s
-        return started_s + max(0.0, self.wait_fraction * expected - self.launch_margin_s)
+        slack = max(self.min_slack_s, self.slack_fraction * expected)
+        return started_s + max(0.0, expected - slack)
 
     # --- fed by the scheduler process ------------------------------------------------------------
     def step_sent(self, now: float, num_tokens: int, steps_before: int) -> None:

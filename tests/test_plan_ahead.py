@@ -6,7 +6,7 @@ from core.plan_ahead import PlanAhead
 
 
 def test_a_step_size_never_seen_plans_at_once():
-    ahead = PlanAhead(wait_fraction=0.8, launch_margin_s=0.002)
+    ahead = PlanAhead(slack_fraction=0.1, min_slack_s=0.004)
     assert ahead.expected_s(256) is None
     assert ahead.plan_next_at(100.0, 256) == 100.0
     ahead.step_sent(100.0, 256, steps_before=0)
@@ -14,15 +14,17 @@ def test_a_step_size_never_seen_plans_at_once():
 
 
 def test_the_next_plan_waits_for_most_of_the_expected_step():
-    ahead = PlanAhead(wait_fraction=0.8, launch_margin_s=0.002)
+    ahead = PlanAhead(slack_fraction=0.1, min_slack_s=0.004)
     ahead.step_done(10.0, 256, 0.030, running_num_tokens=None)
     assert ahead.expected_s(256) == pytest.approx(0.030)
-    assert ahead.plan_next_at(100.0, 256) == pytest.approx(100.0 + 0.8 * 0.030 - 0.002)
+    assert ahead.plan_next_at(100.0, 256) == pytest.approx(100.0 + 0.030 - 0.004)  # the least slack
+    ahead.step_done(10.0, 8192, 0.360, running_num_tokens=None)
+    assert ahead.plan_next_at(100.0, 8192) == pytest.approx(100.0 + 0.9 * 0.360)  # a tenth of a long step
 
 
-def test_steps_shorter_than_the_margin_plan_at_once():
-    ahead = PlanAhead(wait_fraction=0.8, launch_margin_s=0.002)
-    ahead.step_done(0.0, 1, 0.001, running_num_tokens=None)
+def test_steps_shorter_than_the_slack_plan_at_once():
+    ahead = PlanAhead(slack_fraction=0.1, min_slack_s=0.004)
+    ahead.step_done(0.0, 1, 0.003, running_num_tokens=None)
     assert ahead.plan_next_at(5.0, 1) == 5.0
 
 
@@ -51,8 +53,8 @@ def test_the_estimate_follows_the_recent_steps():
 
 def test_two_steps_in_flight_the_second_planned_late_in_the_first():
     """Decode steps of 10 ms: step A goes out on an idle device, step B is planned 6 ms into A
-    (0.8 x 10 - 2), A's result starts the clock for B, and so on."""
-    ahead = PlanAhead(wait_fraction=0.8, launch_margin_s=0.002)
+    (10 less the 4 ms of least slack), A's result starts the clock for B, and so on."""
+    ahead = PlanAhead(slack_fraction=0.1, min_slack_s=0.004)
     ahead.step_done(0.0, 32, 0.010, None)  # learnt from an earlier step
     ahead.step_sent(1.000, 32, steps_before=0)  # A: the device was idle, A starts now
     assert ahead.may_plan(1.000, steps_in_flight=0)  # nothing in flight: always
