@@ -12,9 +12,8 @@ the NEWEST running request is preempted by recompute: its written pages go to th
 it returns to the front of the waiting queue with nothing computed, and its recompute mostly hits
 the cache. The oldest running request is never preempted, so the batch always makes progress.
 
-Admission rejects (RequestRejectedError) what could never run: an empty prompt, prompt + max_tokens
-over max_model_len, more pages than the pool has, and, with chunked prefill off, a prompt longer than
-max_num_batched_tokens. Without chunked prefill a prompt runs whole, waiting for a step with room;
+Admission rejects (RequestRejectedError) what could never run (core/admission.py says what).
+Without chunked prefill a prompt runs whole, waiting for a step with room;
 only a recompute longer than a whole step (prompt + output after a preemption) is chunked anyway.
 long_prefill_token_threshold caps a chunk only when chunked prefill is on.
 
@@ -39,6 +38,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from core.admission import why_never_runs
 from core.config import CacheConfig, SchedulerConfig
 from core.kv.block_pool import BlockPool
 from core.kv.radix_cache import RadixCache
@@ -102,7 +102,8 @@ class Scheduler:
         if request.request_id in self._requests:
             raise RequestRejectedError(request.request_id,
                                        f"request {request.request_id!r} is already queued")
-        problem = self._why_never_runs(request)
+        problem = why_never_runs(request, self.config, self.max_model_len, self.block_size,
+                                 self.pool.num_pages)
         if problem is not None:
             raise RequestRejectedError(request.request_id,
                                        f"request {request.request_id!r} rejected: {problem}")
@@ -301,26 +302,6 @@ class Scheduler:
         )
 
     # --- admission and pages ----------------------------------------------------------------------
-    def _why_never_runs(self, request: Request) -> str | None:
-        params, prompt_len = request.sampling_params, request.prompt_len
-        if request.status is not RequestStatus.WAITING or request.num_output_tokens:
-            return f"it is not a new request (status {request.status.value})"
-        if prompt_len == 0:
-            return "the prompt is empty"
-        if prompt_len + params.max_tokens > self.max_model_len:
-            return (f"{prompt_len} prompt tokens + max_tokens {params.max_tokens} exceed max_model_len "
-                    f"{self.max_model_len}: shorten the prompt or lower max_tokens")
-        # The last sampled token never gets KV, so prompt + max_tokens - 1 tokens need pages.
-        num_pages = -(-(prompt_len + params.max_tokens - 1) // self.block_size)
-        if num_pages > self.pool.num_pages:
-            return (f"{prompt_len} prompt tokens + max_tokens {params.max_tokens} need {num_pages} KV pages "
-                    f"of {self.block_size} tokens, the pool has {self.pool.num_pages}: lower max_tokens")
-        if not self.config.enable_chunked_prefill and prompt_len > self.config.max_num_batched_tokens:
-            return (f"the prompt has {prompt_len} tokens, more than max_num_batched_tokens "
-                    f"{self.config.max_num_batched_tokens}, and chunked prefill is off: enable chunked "
-                    f"prefill or raise max_num_batched_tokens")
-        return None
-
     def _chunk(self, num_todo: int, budget: int) -> int:
         """How many of a request's uncomputed tokens run this step, chunking allowed."""
         threshold = self.config.long_prefill_token_threshold
