@@ -9,10 +9,11 @@ So the scheduler plans N+1 shortly before N is expected to end: late enough that
 most of N join N+1, early enough that N+1 is on the device before N finishes.
 
 The expected duration of a step comes from the recent steps of the same size class (its token
-count rounded down to a power of two): an exponential average of the executor's measured time.
-A class never seen plans at once, as before; an estimate that runs short only plans early, and one
-that runs long leaves the GPU idle for the difference, which `cadence:step_wait_seconds` shows.
-Used by procs/scheduler_proc.py, one per replica.
+count to within a quarter: four classes per power of two): exponential averages of the executor's
+measured time and of its spread. An estimate that runs short only plans early; one that runs long
+leaves the GPU idle for the difference (`cadence:step_wait_seconds` shows it), so the plan goes
+out at the average less twice the spread, less the slack. A class never seen plans at once, as
+before. Used by procs/scheduler_proc.py, one per replica.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import math
 # step being shorter than expected: a tenth of it, and never less than MIN_SLACK_S.
 SLACK_FRACTION = 0.1
 MIN_SLACK_S = 0.004
-SMOOTHING = 0.3  # weight of the newest step in the average
+SMOOTHING = 0.3  # weight of the newest step in the averages
+SPREADS = 2.0  # how many average deviations below the average a step may end without idling the GPU
 
 
 class PlanAhead:
@@ -34,11 +36,16 @@ class PlanAhead:
         self.slack_fraction = slack_fraction
         self.min_slack_s = min_slack_s
         self._expected_s: dict[int, float] = {}  # size class -> average seconds
+        self._spread_s: dict[int, float] = {}  # size class -> average absolute deviation
         self._plan_at = 0.0  # monotonic seconds: when to plan the step behind the running one
 
     @staticmethod
     def size_class(num_tokens: int) -> int:
-        return max(1, num_tokens).bit_length()
+        """The power of two at or below num_tokens and the next two bits: a class is at most a quarter
+        of its smallest size wide."""
+        num_tokens = max(1, num_tokens)
+        octave = num_tokens.bit_length() - 1
+        return octave * 4 + ((num_tokens << 2) >> octave & 3)
 
     def expected_s(self, num_tokens: int) -> float | None:
         return self._expected_s.get(self.size_class(num_tokens))
@@ -46,11 +53,13 @@ class PlanAhead:
     def plan_next_at(self, started_s: float, num_tokens: int) -> float:
         """When to plan the step behind one of `num_tokens` tokens that started on the device at
         `started_s` (monotonic seconds)."""
-        expected = self.expected_s(num_tokens)
+        key = self.size_class(num_tokens)
+        expected = self._expected_s.get(key)
         if expected is None:
             return started_s
+        shortest_likely = expected - SPREADS * self._spread_s[key]
         slack = max(self.min_slack_s, self.slack_fraction * expected)
-        return started_s + max(0.0, expected - slack)
+        return started_s + max(0.0, shortest_likely - slack)
 
     # --- fed by the scheduler process ------------------------------------------------------------
     def step_sent(self, now: float, num_tokens: int, steps_before: int) -> None:
@@ -65,7 +74,11 @@ class PlanAhead:
         if device_s is not None and device_s > 0:
             key = self.size_class(num_tokens)
             old = self._expected_s.get(key)
-            self._expected_s[key] = device_s if old is None else old + SMOOTHING * (device_s - old)
+            if old is None:
+                self._expected_s[key], self._spread_s[key] = device_s, 0.0
+            else:
+                self._expected_s[key] = old + SMOOTHING * (device_s - old)
+                self._spread_s[key] += SMOOTHING * (abs(device_s - old) - self._spread_s[key])
         if running_num_tokens is not None:
             self._plan_at = self.plan_next_at(now, running_num_tokens)
 

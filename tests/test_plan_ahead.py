@@ -28,16 +28,34 @@ def test_steps_shorter_than_the_slack_plan_at_once():
     assert ahead.plan_next_at(5.0, 1) == 5.0
 
 
-def test_size_classes_are_powers_of_two_and_kept_apart():
+def test_size_classes_are_a_quarter_of_a_power_of_two_and_kept_apart():
     ahead = PlanAhead()
     ahead.step_done(0.0, 300, 0.035, None)  # a decode of 300 requests
     ahead.step_done(0.0, 8192, 0.360, None)  # a step full of prefill
-    assert ahead.expected_s(256) == pytest.approx(0.035)  # 256 .. 511 share a class
-    assert ahead.expected_s(511) == pytest.approx(0.035)
-    assert ahead.expected_s(512) is None
-    assert ahead.expected_s(8000) is None  # 4096 .. 8191
+    assert ahead.expected_s(256) == pytest.approx(0.035)  # 256 .. 319 share a class
+    assert ahead.expected_s(319) == pytest.approx(0.035)
+    assert ahead.expected_s(320) is None
+    assert ahead.expected_s(8000) is None
     assert ahead.expected_s(8192) == pytest.approx(0.360)
     assert PlanAhead.size_class(0) == PlanAhead.size_class(1)
+    classes = [PlanAhead.size_class(n) for n in range(1, 5000)]
+    assert classes == sorted(classes)  # never decreasing
+    for n in (5, 64, 100, 1784, 4095):
+        same = [m for m in range(1, 9000) if PlanAhead.size_class(m) == PlanAhead.size_class(n)]
+        assert max(same) - min(same) + 1 <= max(1, min(same) // 4)
+
+
+def test_steps_that_vary_plan_earlier_by_twice_their_spread():
+    ahead = PlanAhead(slack_fraction=0.1, min_slack_s=0.004)
+    for seconds in (0.100, 0.120, 0.100, 0.120, 0.100, 0.120):
+        ahead.step_done(0.0, 4096, seconds, None)
+    steady = PlanAhead(slack_fraction=0.1, min_slack_s=0.004)
+    for _ in range(6):
+        steady.step_done(0.0, 4096, 0.110, None)
+    mean = ahead.expected_s(4096)
+    assert 0.100 < mean < 0.120
+    assert ahead.plan_next_at(0.0, 4096) < steady.plan_next_at(0.0, 4096) - 0.010
+    assert ahead.plan_next_at(0.0, 4096) < 0.100 - 0.010  # even the short steps keep their slack
 
 
 def test_the_estimate_follows_the_recent_steps():
