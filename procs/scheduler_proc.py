@@ -190,7 +190,7 @@ class SchedulerProcess:
 
     def wait(self) -> None:
         """Until a message comes, or a replica has a step to plan: at once if its device is idle,
-        at its plan_next_at if one step runs (async scheduling)."""
+        when its PlanAhead says if one step runs and a second may follow (async scheduling)."""
         timeout = _IDLE_WAIT_S
         now = time.monotonic()
         for r in self.replicas:
