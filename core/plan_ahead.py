@@ -38,6 +38,7 @@ class PlanAhead:
         self._expected_s: dict[int, float] = {}  # size class -> average seconds
         self._spread_s: dict[int, float] = {}  # size class -> average absolute deviation
         self._plan_at = 0.0  # monotonic seconds: when to plan the step behind the running one
+        self._nothing_to_plan = False  # the scheduler had nothing for it: wait for new work or a result
 
     @staticmethod
     def size_class(num_tokens: int) -> int:
@@ -66,6 +67,7 @@ class PlanAhead:
         """A step went out; with no step before it in flight, the device starts it now."""
         if steps_before == 0:
             self._plan_at = self.plan_next_at(now, num_tokens)
+            self._nothing_to_plan = False
 
     def step_done(self, now: float, num_tokens: int, device_s: float | None,
                   running_num_tokens: int | None) -> None:
@@ -81,14 +83,19 @@ class PlanAhead:
                 self._spread_s[key] += SMOOTHING * (abs(device_s - old) - self._spread_s[key])
         if running_num_tokens is not None:
             self._plan_at = self.plan_next_at(now, running_num_tokens)
+        self._nothing_to_plan = False
 
     def nothing_to_plan(self) -> None:
-        """The scheduler had no step to add behind the running one: wait for its result."""
-        self._plan_at = math.inf
+        """The scheduler had no step to add behind the running one: wait for its result or new work."""
+        self._nothing_to_plan = True
+
+    def work_arrived(self) -> None:
+        """A request was added: if its time has come, the step behind the running one may take it."""
+        self._nothing_to_plan = False
 
     # --- asked by the scheduler process ----------------------------------------------------------
     def may_plan(self, now: float, steps_in_flight: int) -> bool:
-        return steps_in_flight == 0 or now >= self._plan_at
+        return steps_in_flight == 0 or (not self._nothing_to_plan and now >= self._plan_at)
 
     def seconds_until_plan(self, now: float) -> float:
-        return max(0.0, self._plan_at - now)
+        return math.inf if self._nothing_to_plan else max(0.0, self._plan_at - now)

@@ -312,6 +312,7 @@ class SchedulerProcess:
             self._rejected.append(Rejected(request.request_id, str(exc)))
             return True
         self.router.assign(request.request_id, replica_index, work)
+        self.replicas[replica_index].plan_ahead.work_arrived()
         return True
 
     def abort(self, request_id: str) -> None:

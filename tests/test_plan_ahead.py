@@ -86,11 +86,25 @@ def test_two_steps_in_flight_the_second_planned_late_in_the_first():
     assert ahead.may_plan(1.016, steps_in_flight=1)
 
 
-def test_with_nothing_to_plan_it_waits_for_the_running_steps_result():
+def test_with_nothing_to_plan_it_waits_for_the_running_steps_result_or_new_work():
     ahead = PlanAhead()
     ahead.step_sent(1.0, 1, steps_before=0)
     ahead.nothing_to_plan()
     assert not ahead.may_plan(1e9, steps_in_flight=1)
+    assert ahead.seconds_until_plan(2.0) == float("inf")
     assert ahead.may_plan(1e9, steps_in_flight=0)
+    ahead.work_arrived()  # a request came: it may go behind the running step
+    assert ahead.may_plan(1.0, steps_in_flight=1)
+    ahead.nothing_to_plan()
     ahead.step_done(2.0, 1, 0.008, running_num_tokens=None)  # its result: nothing runs now
     assert ahead.may_plan(2.0, steps_in_flight=0)
+
+
+def test_new_work_waits_for_the_planned_time_like_the_rest():
+    ahead = PlanAhead(slack_fraction=0.1, min_slack_s=0.004)
+    ahead.step_done(0.0, 32, 0.010, None)
+    ahead.step_sent(1.000, 32, steps_before=0)
+    ahead.nothing_to_plan()
+    ahead.work_arrived()
+    assert not ahead.may_plan(1.002, steps_in_flight=1)  # too early still: 6 ms into the step
+    assert ahead.may_plan(1.006, steps_in_flight=1)
