@@ -210,8 +210,9 @@ class ModelRunner:
         if self.tp.size > 1 and not self.shares_samples:
             raise RuntimeError(f"step {plan.step_id} has placeholder inputs, but this TP rank does not "
                                f"receive the sampled tokens (async scheduling is off)")
-        at = to_device(plan.query_start[rows].astype(np.int64), self.device)
-        source = to_device(plan.prev_row[rows].astype(np.int64), self.device)
+        # One copy: where each placeholder sits in the step's tokens, and the previous step's row it reads.
+        at, source = to_device(np.stack([plan.query_start[rows], plan.prev_row[rows]]).astype(np.int64),
+                               self.device)
         input_ids[at] = self._prev_tokens[source]
 
     @torch.inference_mode()
@@ -223,9 +224,9 @@ class ModelRunner:
             return logits, plan.sampled_rows
         kv_cache = kv_cache or self.kv_cache
         device = self.device
-        input_ids = torch.from_numpy(plan.input_ids).to(device, non_blocking=True).long()
+        input_ids = to_device(plan.input_ids, device).long()
         self._fill_placeholders(plan, input_ids)
-        positions = torch.from_numpy(plan.positions).to(device, non_blocking=True).long()
+        positions = to_device(plan.positions, device).long()
         meta = AttentionMetadata.from_plan(plan, device)
         hidden = self.model(input_ids, positions, kv_cache, self.backend, meta)  # [T, hidden]
         rows = plan.sampled_rows
