@@ -73,6 +73,8 @@ RUNS = {
     "peer_cadence": Run("peer_cadence", (), PEER_WORKLOAD, 256),
     # The same prompts as c1 and c302, one step at a time (each on a server of its own).
     "c1_sync": Run("c1_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
+    "prefix_on_sync": Run("prefix_on_sync", ("--no-async-scheduling",), (*SHARED, "--max-concurrency", "256"),
+                          1024, "prefix_on"),
     "c302_sync": Run("c302_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "302"), 1000,
                      "c302"),
 }

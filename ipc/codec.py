@@ -215,12 +215,10 @@ def _convert(value: Any, tp: Any, name: str, path: str) -> Any:
         return {k: _convert(v, value_tp, name, f"{path}[{k!r}]") for k, v in value.items()}
     _expect(isinstance(value, list), value, "an array", name, path, None)
     if origin is list:
-        item_tp = args[0] if args else Any
-        return [_convert(v, item_tp, name, f"{path}[{i}]") for i, v in enumerate(value)]
+        return _convert_items(value, args[0] if args else Any, name, path)
     # tuple: tuple[X, ...] or a fixed tuple[X, Y]
     if not args or (len(args) == 2 and args[1] is Ellipsis):
-        item_tp = args[0] if args else Any
-        return tuple(_convert(v, item_tp, name, f"{path}[{i}]") for i, v in enumerate(value))
+        return tuple(_convert_items(value, args[0] if args else Any, name, path))
     if args == ((),):  # tuple[()]
         args = ()
     if len(value) != len(args):
@@ -228,6 +226,17 @@ def _convert(value: Any, tp: Any, name: str, path: str) -> Any:
             f"message {name} field {path!r}: expected {len(args)} items for {_type_str(tp)}, got {len(value)}"
         )
     return tuple(_convert(v, a, name, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+
+
+def _convert_items(value: list, item_tp: Any, name: str, path: str) -> list:
+    """The items of a JSON array as `item_tp`. An array of one exact scalar type (token ids, say) is
+    checked in one pass and kept as it is; only a mixed one goes item by item, for the error's path."""
+    if item_tp is Any:
+        return value
+    exact = _EXACT_ITEM_TYPES.get(item_tp)
+    if exact is not None and list(map(type, value)).count(exact) == len(value):
+        return value
+    return [_convert(v, item_tp, name, f"{path}[{i}]") for i, v in enumerate(value)]
 
 
 def _expect(ok: bool, value: Any, expected: str, name: str, path: str, result: Any) -> Any:
@@ -254,6 +263,8 @@ def _str(value: Any, name: str, path: str) -> str:
 
 
 _SCALARS: dict[Any, Callable[[Any, str, str], Any]] = {int: _int, float: _float, bool: _bool, str: _str}
+# Items that need no conversion when their type is exactly this (an int is no bool, a float no int).
+_EXACT_ITEM_TYPES: dict[Any, type] = {int: int, float: float, bool: bool, str: str}
 
 
 def _describe(value: Any) -> str:

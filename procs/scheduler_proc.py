@@ -56,6 +56,7 @@ _IDLE_WAIT_S = 0.2
 _PING_EVERY_S = 0.1
 _HANDSHAKE_TIMEOUT_S = 60.0
 _RING_WRITE_TIMEOUT_S = 30.0
+_RECEIVE_BUDGET_S = 0.005
 
 
 def run_scheduler(spec_bytes: bytes, ready_conn: Connection) -> None:
@@ -203,7 +204,10 @@ class SchedulerProcess:
         wait_readable([self.inputs, self.results], timeout)
 
     def receive(self) -> None:
-        while (msg := self._recv(self.inputs)) is not None:
+        """Take the requests and notices that came in, for at most _RECEIVE_BUDGET_S: a burst of
+        arrivals must not keep the results and the next launch waiting (the rest is taken next turn)."""
+        deadline = time.monotonic() + _RECEIVE_BUDGET_S
+        while time.monotonic() < deadline and (msg := self._recv(self.inputs)) is not None:
             if isinstance(msg, TokenizedRequest):
                 self.add_request(msg)
             elif isinstance(msg, AbortRequest):
@@ -251,6 +255,11 @@ class SchedulerProcess:
             pack_plan(plan, frame)
             replica.doorbell.send(StepReady(plan.step_id, -1), frames=[frame])
         sent_s = time.monotonic()
+        if self.log.isEnabledFor(logging.DEBUG):  # a step trace: CADENCE_LOG_LEVEL=DEBUG
+            self.log.debug("replica %d step %d sent at %.4f: %d requests, %d tokens, %d waiting, %d running, "
+                           "%d in flight before", replica.index, plan.step_id, sent_s, plan.num_reqs,
+                           plan.num_tokens, len(replica.scheduler.waiting), len(replica.scheduler.running),
+                           len(replica.in_flight))
         replica.plan_ahead.step_sent(sent_s, plan.num_tokens, len(replica.in_flight))
         replica.in_flight.append(InFlight(plan, sent_s, back_to_back=replica.has_work))
 
@@ -312,6 +321,10 @@ class SchedulerProcess:
             self._rejected.append(Rejected(request.request_id, str(exc)))
             return True
         self.router.assign(request.request_id, replica_index, work)
+        if self.log.isEnabledFor(logging.DEBUG):
+            self.log.debug("request %s on replica %d at %.4f: %d prompt tokens, %d cached",
+                           request.request_id, replica_index, time.monotonic(), len(prompt),
+                           scheduler.cached_prefix_len(prompt))
         self.replicas[replica_index].plan_ahead.work_arrived()
         return True
 
@@ -339,6 +352,9 @@ class SchedulerProcess:
         replica.in_flight.popleft()
         replica.record_timings(flight, result.timings_ms)
         execute_ms = result.timings_ms.get("execute")
+        if self.log.isEnabledFor(logging.DEBUG):
+            self.log.debug("replica %d step %d done at %.4f: executed %s ms", replica.index, plan.step_id,
+                           time.monotonic(), "?" if execute_ms is None else f"{execute_ms:.1f}")
         replica.plan_ahead.step_done(time.monotonic(), plan.num_tokens,
                                      None if execute_ms is None else execute_ms / 1e3,
                                      replica.in_flight[0].plan.num_tokens if replica.in_flight else None)

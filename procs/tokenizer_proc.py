@@ -41,6 +41,7 @@ from procs.messages import (
 
 _IDLE_WAIT_S = 0.5
 _CLIENT_SEND_TIMEOUT_S = 1.0
+_RECEIVE_BUDGET_S = 0.005
 # The scheduler reports every 0.2 s; this much silence means its loop is not turning.
 STATUS_STALE_S = 5.0
 
@@ -102,7 +103,10 @@ class TokenizerProcess:
     # --- clients -> scheduler -------------------------------------------------------------------
 
     def receive_from_clients(self) -> None:
-        while True:
+        """Tokenize and forward what clients sent, for at most _RECEIVE_BUDGET_S: a burst of long
+        prompts must not hold back the outputs of running requests (the rest is taken next turn)."""
+        deadline = time.monotonic() + _RECEIVE_BUDGET_S
+        while time.monotonic() < deadline:
             try:
                 routed = self.frontend.recv(0)
             except CodecError as exc:

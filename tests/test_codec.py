@@ -58,6 +58,13 @@ class Ids:
     scale: float
 
 
+@message
+@dataclass(frozen=True)
+class Scalars:
+    ints: tuple[int, ...]
+    floats: list[float]
+
+
 def _output() -> Output:
     return Output(
         request_id="req-1",
@@ -150,6 +157,20 @@ def test_wrong_type_names_the_field_path_and_value():
 def test_bool_is_not_an_int():
     with pytest.raises(CodecError, match=r"field 'n': expected int, got bool"):
         decode(b'{"type":"custom.name","body":{"n":true}}')
+
+
+def test_long_scalar_lists_keep_their_checks():
+    """A long array of one scalar type takes the one-pass check; a stray item still gets its path."""
+    ids = list(range(5000))
+    assert decode(encode(Ids(ids, 1.0))).ids == ids
+    mixed = Scalars(ints=(1, 2, 3), floats=[0.5, 2, 1.5])  # an int among floats is widened
+    back = decode(encode(mixed))
+    assert back.ints == (1, 2, 3) and back.floats == [0.5, 2.0, 1.5]
+    assert all(type(v) is float for v in back.floats)
+    with pytest.raises(CodecError, match=r"field 'ids\[4000\]': expected int, got bool"):
+        decode(orjson.dumps({"type": "Ids", "body": {"ids": [*range(4000), True], "scale": 1.0}}))
+    with pytest.raises(CodecError, match=r"field 'ints\[2\]': expected int, got float"):
+        decode(b'{"type":"Scalars","body":{"ints":[1,2,3.5],"floats":[]}}')
 
 
 def test_fixed_tuple_length_is_checked():
