@@ -87,6 +87,8 @@ def _run_http(app: Any, args: argparse.Namespace) -> None:
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s [cadence] %(message)s")
+    # The engine's processes read their level from the environment they inherit (debug: a step trace).
+    os.environ.setdefault("CADENCE_LOG_LEVEL", args.log_level.upper())
     with _start_engine(args) as (model, tokenizer_address):
         config = api_config(args, model, tokenizer_address)
         log.info("serving %s on http://%s:%d (tokenizer at %s)%s", model.name, args.host, args.port,
