@@ -5,9 +5,11 @@
 
 Clients (the api process, `api.client`) connect DEALER sockets to this process's ROUTER; a
 request id is the client's own, kept apart per client. A prompt that cannot fit max_model_len is
-refused here with the numbers. A stop string found in the streamed text ends the request with
-finish_reason "stop" and tells the scheduler to abort it, so its pages are freed at once. A client
-that has gone away (its socket is no longer connected) has its requests aborted the same way.
+refused here with the numbers. A burst of new requests is tokenized on a few threads at once when
+the tokenizer allows it (the built-in vocabulary does), then forwarded in arrival order. A stop
+string found in the streamed text ends the request with finish_reason "stop" and tells the
+scheduler to abort it, so its pages are freed at once. A client that has gone away (its socket is
+no longer connected) has its requests aborted the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
@@ -42,6 +45,8 @@ from procs.messages import (
 _IDLE_WAIT_S = 0.5
 _CLIENT_SEND_TIMEOUT_S = 1.0
 _RECEIVE_BUDGET_S = 0.005
+_MAX_BATCH = 64  # new requests tokenized in one loop turn
+_ENCODER_THREADS = max(1, min(8, os.cpu_count() or 1))
 # The scheduler reports every 0.2 s; this much silence means its loop is not turning.
 STATUS_STALE_S = 5.0
 
@@ -90,6 +95,8 @@ class TokenizerProcess:
         self.status: SchedulerStatus | None = None
         self.status_s = time.monotonic()
         self._ppid = os.getppid()
+        # Encoders for a burst of new requests (tokenizers that encode without the GIL).
+        self._encoders = ThreadPoolExecutor(_ENCODER_THREADS, thread_name_prefix="cadence-encode")
 
     def loop(self) -> None:
         while True:
@@ -103,40 +110,61 @@ class TokenizerProcess:
     # --- clients -> scheduler -------------------------------------------------------------------
 
     def receive_from_clients(self) -> None:
-        """Tokenize and forward what clients sent, for at most _RECEIVE_BUDGET_S: a burst of long
-        prompts must not hold back the outputs of running requests (the rest is taken next turn)."""
+        """Take what clients sent, for at most _RECEIVE_BUDGET_S or _MAX_BATCH new requests, and
+        forward it in arrival order: a burst of long prompts must not hold back the outputs of
+        running requests (the rest is taken next turn)."""
         deadline = time.monotonic() + _RECEIVE_BUDGET_S
-        while time.monotonic() < deadline:
+        batch: list[tuple[bytes, GenerateRequest]] = []
+        while time.monotonic() < deadline and len(batch) < _MAX_BATCH:
             try:
                 routed = self.frontend.recv(0)
             except CodecError as exc:
                 self.log.warning("ignored a bad client message: %s", exc)
                 continue
             if routed is None:
-                return
+                break
             msg = routed.message
             if isinstance(msg, GenerateRequest):
-                try:
-                    self.submit(routed.identity, msg)
-                except Exception as exc:  # a bug must cost one request, not the server
-                    self.log.exception("request %r failed", msg.request_id)
-                    self.streams.pop(_internal_id(routed.identity, msg.request_id), None)
-                    self._fail(routed.identity, msg.request_id, f"internal error: {exc}", None, 500)
-            elif isinstance(msg, AbortRequest):
+                batch.append((routed.identity, msg))
+                continue
+            self.submit_all(batch)  # what came before this message goes first
+            batch = []
+            if isinstance(msg, AbortRequest):
                 self.abort(_internal_id(routed.identity, msg.request_id))
             elif isinstance(msg, ServerInfoQuery):
                 self._send(routed.identity, self.server_info())
             else:
                 self.log.warning("ignored a %s from a client", type(msg).__name__)
+        self.submit_all(batch)
 
-    def submit(self, identity: bytes, request: GenerateRequest) -> None:
+    def submit_all(self, batch: list[tuple[bytes, GenerateRequest]]) -> None:
+        """Tokenize new requests, several at once on the encoder threads when the tokenizer allows
+        it, and forward them in order; a failure costs its own request only."""
+        if len(batch) > 1 and self.tokenizer.encodes_concurrently:
+            prompts = list(self._encoders.map(self._tokenize_or_error, (request for _, request in batch)))
+        else:
+            prompts = [None] * len(batch)  # tokenized in submit(), with no thread hop
+        for (identity, request), prompt in zip(batch, prompts, strict=True):
+            try:
+                self.submit(identity, request, prompt)
+            except Exception as exc:  # a bug must cost one request, not the server
+                self.log.exception("request %r failed", request.request_id)
+                self.streams.pop(_internal_id(identity, request.request_id), None)
+                self._fail(identity, request.request_id, f"internal error: {exc}", None, 500)
+
+    def submit(self, identity: bytes, request: GenerateRequest,
+               prompt: list[int] | Exception | None = None) -> None:
+        """Open the request's stream and forward it; `prompt` is its tokenization (ids or the error it
+        raised) when done beforehand, None to tokenize here."""
         internal_id = _internal_id(identity, request.request_id)
         if internal_id in self.streams:
             self._fail(identity, request.request_id, f"request id {request.request_id!r} is already in use",
                        "request_id")
             return
         try:
-            prompt_ids = self.tokenize(request)
+            prompt_ids = self.tokenize(request) if prompt is None else prompt
+            if isinstance(prompt_ids, Exception):
+                raise prompt_ids
         except PromptError as exc:
             self._fail(identity, request.request_id, str(exc), exc.field)
             return
@@ -146,6 +174,12 @@ class TokenizerProcess:
         stop = StopStringMatcher(params.stop) if params.stop and request.detokenize else None
         self.streams[internal_id] = Stream(identity, request, len(prompt_ids), detokenizer, stop, prompt_ids)
         self.to_scheduler.send(TokenizedRequest(internal_id, prompt_ids, params, time.monotonic()))
+
+    def _tokenize_or_error(self, request: GenerateRequest) -> list[int] | Exception:
+        try:
+            return self.tokenize(request)
+        except Exception as exc:  # re-raised in submit(), in the loop's thread
+            return exc
 
     def tokenize(self, request: GenerateRequest) -> list[int]:
         """The prompt's token ids, or PromptError naming the field and the numbers."""
@@ -163,7 +197,9 @@ class TokenizerProcess:
             ids, where = self.tokenizer.encode(text), "messages"
         if not ids:
             raise PromptError(where, "the prompt is empty")
-        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        bad = None
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            bad = next(i for i in ids if not 0 <= i < self.vocab_size)
         if bad is not None:
             raise PromptError(where, f"token id {bad} is outside the model's vocabulary of {self.vocab_size}")
         asked = request.params.max_tokens
@@ -288,6 +324,7 @@ class TokenizerProcess:
         self._send(identity, RequestFailed(request_id, message, field_name, status))
 
     def close(self) -> None:
+        self._encoders.shutdown(wait=False, cancel_futures=True)
         self.frontend.close()
         self.to_scheduler.close()
         self.from_scheduler.close()

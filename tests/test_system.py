@@ -114,6 +114,26 @@ def test_too_long_prompt_is_refused_with_the_numbers(reference):
                               "prompt tokens and asks for 100 more")
 
 
+def test_a_burst_of_prompts_is_tokenized_together_and_a_bad_one_fails_alone(reference, reference_tokens):
+    """Text, chat and id prompts sent at once (tokenized on the encoder threads, forwarded in order),
+    with bad ones among them: each good one gets the tokens it gets alone, each bad one its error."""
+    _, client = reference
+    prompts = _chat(_prompts())
+    burst = {f"{key}-{copy}": prompt for copy in range(3) for key, prompt in prompts.items()}
+    burst["too-long"] = {"prompt": "word " * 600}
+    burst["out-of-vocab"] = {"prompt_token_ids": [1, 2, 10**7]}
+    burst["empty"] = {"prompt": ""}
+    results = client.generate(burst, GREEDY)
+    for key, result in results.items():
+        if key in ("too-long", "out-of-vocab", "empty"):
+            continue
+        assert result.failed is None and result.error is None, result
+        assert result.token_ids == reference_tokens[key.rsplit("-", 1)[0]], key
+    assert "maximum context length is 512" in results["too-long"].failed.message
+    assert "outside the model's vocabulary" in results["out-of-vocab"].failed.message
+    assert results["empty"].failed.message == "the prompt is empty"
+
+
 def test_stop_string_ends_the_request_and_frees_its_pages(reference, reference_tokens):
     launcher, client = reference
     full = client.generate({"t": {"prompt": "The capital of France is"}}, GREEDY)["t"]

@@ -95,6 +95,8 @@ def load_bpe_ranks(path: Path) -> dict[bytes, int]:
 class QwenVocabTokenizer(Tokenizer):
     """Qwen3's vocabulary without a model directory; ids equal those of the Qwen3 tokenizer.json."""
 
+    encodes_concurrently = True  # tiktoken's encoder is thread-safe and releases the GIL
+
     def __init__(self, rank_file: Path | None = None) -> None:
         self.rank_file = rank_file or qwen_rank_file()
         special_ids = {tok: SPECIAL_START_ID + i for i, tok in enumerate(QWEN3_SPECIAL_TOKENS)}

@@ -39,6 +39,9 @@ class Tokenizer(ABC):
     eos_token_ids: tuple[int, ...]  # ids that end generation, most specific first
     special_token_ids: frozenset[int]  # ids that decode(skip_special_tokens=True) drops
     has_token_bytes: bool  # token_bytes is exact (see the contract above)
+    # Whether `encode` may run on several threads at once, without the GIL (tiktoken); transformers'
+    # tokenizers may reconfigure themselves inside encode, so they say no.
+    encodes_concurrently: bool = False
 
     @abstractmethod
     def encode(self, text: str) -> list[int]: ...
