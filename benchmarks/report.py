@@ -19,8 +19,8 @@ import os
 import platform
 import subprocess
 
-ORDER = ("chat", "c1", "c16", "c64", "c302", "c1_sync", "c302_sync", "prefix_on", "prefix_off", "dp2",
-         "peer_cadence", "tp2")
+ORDER = ("chat", "c1", "c16", "c64", "c302", "c1_sync", "c302_sync", "prefix_on", "prefix_on_sync",
+         "prefix_off", "dp2", "peer_cadence", "tp2")
 _BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time")
 
 # Issue targets (Qwen3-14B, bf16, one H200) and vLLM's figures on the same workloads.

@@ -11,6 +11,7 @@ Runs (the performance report's keys):
   c1_sync, c302_sync   c1 and c302 one step at a time (--no-async-scheduling)
   prefix_on/off        shared-prefix: 64 groups x 16 prompts, 2,048-token system, 128 question, 256 out,
                        with the prefix cache on and off
+  prefix_on_sync       prefix_on's prompts one step at a time (--no-async-scheduling)
   dp2                  c302's request shape, 500 prompts, two replicas sharing the card (--dp 2)
   peer_cadence, peer   256 x 512 in / 128 out through Cadence, and through transformers' generate_batch
 --scale shrinks every workload's prompt count (for a quick look; the report says so).
