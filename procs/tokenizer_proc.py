@@ -197,10 +197,8 @@ class TokenizerProcess:
             ids, where = self.tokenizer.encode(text), "messages"
         if not ids:
             raise PromptError(where, "the prompt is empty")
-        bad = None
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             bad = next(i for i in ids if not 0 <= i < self.vocab_size)
-        if bad is not None:
             raise PromptError(where, f"token id {bad} is outside the model's vocabulary of {self.vocab_size}")
         asked = request.params.max_tokens
         if len(ids) + asked > self.max_model_len:
