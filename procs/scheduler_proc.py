@@ -50,6 +50,7 @@ from procs.messages import (
     TokenizedRequest,
 )
 from procs.step_frames import result_from_frames
+from procs.step_trace import StepTrace
 
 _STATUS_EVERY_S = 0.2
 _IDLE_WAIT_S = 0.2
@@ -149,6 +150,7 @@ class SchedulerProcess:
         for index, num_pages in enumerate(spec.num_pages):
             self.replicas.append(Replica(index, spec, num_pages))
         self.router = DPRouter(len(self.replicas))
+        self.trace = StepTrace(log)
         self._pending: list[RequestOutput] = []  # outputs to emit this iteration
         self._rejected: list[Rejected] = []
         self._stopping = False
@@ -255,11 +257,7 @@ class SchedulerProcess:
             pack_plan(plan, frame)
             replica.doorbell.send(StepReady(plan.step_id, -1), frames=[frame])
         sent_s = time.monotonic()
-        if self.log.isEnabledFor(logging.DEBUG):  # a step trace: CADENCE_LOG_LEVEL=DEBUG
-            self.log.debug("replica %d step %d sent at %.4f: %d requests, %d tokens, %d waiting, %d running, "
-                           "%d in flight before", replica.index, plan.step_id, sent_s, plan.num_reqs,
-                           plan.num_tokens, len(replica.scheduler.waiting), len(replica.scheduler.running),
-                           len(replica.in_flight))
+        self.trace.sent(replica.index, plan, sent_s, len(replica.in_flight), replica.scheduler)
         replica.plan_ahead.step_sent(sent_s, plan.num_tokens, len(replica.in_flight))
         replica.in_flight.append(InFlight(plan, sent_s, back_to_back=replica.has_work))
 
@@ -321,10 +319,7 @@ class SchedulerProcess:
             self._rejected.append(Rejected(request.request_id, str(exc)))
             return True
         self.router.assign(request.request_id, replica_index, work)
-        if self.log.isEnabledFor(logging.DEBUG):
-            self.log.debug("request %s on replica %d at %.4f: %d prompt tokens, %d cached",
-                           request.request_id, replica_index, time.monotonic(), len(prompt),
-                           scheduler.cached_prefix_len(prompt))
+        self.trace.arrived(request.request_id, replica_index, len(prompt), len(prompt) + remaining - work)
         self.replicas[replica_index].plan_ahead.work_arrived()
         return True
 
@@ -352,9 +347,7 @@ class SchedulerProcess:
         replica.in_flight.popleft()
         replica.record_timings(flight, result.timings_ms)
         execute_ms = result.timings_ms.get("execute")
-        if self.log.isEnabledFor(logging.DEBUG):
-            self.log.debug("replica %d step %d done at %.4f: executed %s ms", replica.index, plan.step_id,
-                           time.monotonic(), "?" if execute_ms is None else f"{execute_ms:.1f}")
+        self.trace.done(replica.index, plan.step_id, execute_ms)
         replica.plan_ahead.step_done(time.monotonic(), plan.num_tokens,
                                      None if execute_ms is None else execute_ms / 1e3,
                                      replica.in_flight[0].plan.num_tokens if replica.in_flight else None)
