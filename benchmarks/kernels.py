@@ -39,6 +39,11 @@ SCALE = HEAD_DIM**-0.5
 DTYPE = torch.bfloat16
 CONTEXT = 2048
 DEVICE = "cuda"
+# (cached_len, chunk_len) per request: a whole prompt, a batch of chunks, chunks after a cached
+# prefix, and the shared-prefix workload's step (64 questions after a 2,048-token cached prefix).
+EXTEND_CASES = [("1 x 2048 prefill", [(0, 2048)]), ("4 x 512 prefill", [(0, 512)] * 4),
+                ("4 x 512 after 1536 cached", [(1536, 512)] * 4),
+                ("64 x 128 after 2048 cached", [(2048, 128)] * 64)]
 
 
 @dataclass
@@ -261,15 +266,14 @@ def main() -> None:
         step = build_step([(CONTEXT - 1, 1)] * batch, seed=batch)
         rows.append(attention_row("decode", f"batch {batch} x {CONTEXT} ctx", step, backend))
         del step
-    for case, requests in [("1 x 2048 prefill", [(0, 2048)]), ("4 x 512 prefill", [(0, 512)] * 4),
-                           ("4 x 512 after 1536 cached", [(1536, 512)] * 4)]:
+    for case, requests in EXTEND_CASES:
         rows.append(attention_row("extend", case, build_step(requests), backend))
 
     sweep = []
     if args.sweep:
         for batch in (1, 16, 64, 256):
             sweep += sweep_decode(batch)
-        for case, requests in [("1 x 2048 prefill", [(0, 2048)]), ("4 x 512 prefill", [(0, 512)] * 4)]:
+        for case, requests in EXTEND_CASES:
             sweep += sweep_extend(case, requests)
 
     device = torch.cuda.get_device_name()

@@ -90,6 +90,8 @@ class ModelRunner:
         # The fraction of the card this runner may plan with: 1/N when N executors share one card.
         self.memory_share = memory_share
         self.num_pages = num_pages or config.cache.num_pages or self._num_pages_that_fit()
+        if self.device.type == "cuda":
+            self._compile_kernels()
         self.kv_cache = self._allocate_kv_cache(self.num_pages)
         self.graphs = self._capture_graphs()
         # The tokens sampled at each row of the previous step, for the next step's placeholders; a TP
@@ -132,13 +134,27 @@ class ModelRunner:
         scratch = self._allocate_kv_cache(-(-num_tokens // block_size))
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        plan = warmup_plan(num_tokens, block_size, self.config.model.vocab_size)
+        plan = warmup_plan([(0, num_tokens)], block_size, self.config.model.vocab_size)
         self.forward_logits(plan, scratch)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         del scratch
         torch.cuda.empty_cache()
         return peak
+
+    def _compile_kernels(self) -> None:
+        """Run the compile_warmup_steps on a scratch cache (freed after)."""
+        scheduler, block_size = self.config.scheduler, self.config.cache.block_size
+        steps = compile_warmup_steps(self.config.max_model_len, scheduler.max_num_batched_tokens)
+        if not steps:
+            return
+        pages = max(sum(-(-(c + n) // block_size) for c, n in step) for step in steps)
+        scratch = self._allocate_kv_cache(pages)
+        for step in steps:
+            self.forward_logits(warmup_plan(step, block_size, self.config.model.vocab_size), scratch)
+        torch.cuda.synchronize(self.device)
+        del scratch
+        torch.cuda.empty_cache()
 
     def _capture_graphs(self) -> DecodeGraphs | None:
         """CUDA graphs of the decode step, on one GPU rank with the Triton backend (see decode_graphs)."""
@@ -243,22 +259,45 @@ def _scatter(values: torch.Tensor, rows: np.ndarray, num_reqs: int) -> np.ndarra
     return out
 
 
-def warmup_plan(num_tokens: int, block_size: int, vocab_size: int) -> StepPlan:
-    """One request prefilling `num_tokens` tokens into pages 0.. of a scratch cache."""
-    num_pages = -(-num_tokens // block_size)
-    one = np.ones(1, dtype=np.float32)
+def warmup_plan(requests: list[tuple[int, int]], block_size: int, vocab_size: int) -> StepPlan:
+    """A step of (cached, chunk) requests over consecutive pages 0.. of a scratch cache."""
+    num_reqs = len(requests)
+    cached = np.array([c for c, _ in requests], np.int64)
+    chunks = np.array([n for _, n in requests], np.int64)
+    seq_lens = cached + chunks
+    pages = -(-seq_lens // block_size)
+    first_page = np.concatenate([[0], np.cumsum(pages)[:-1]])
+    block_table = np.zeros((num_reqs, int(pages.max())), np.int32)
+    for i in range(num_reqs):
+        block_table[i, : pages[i]] = np.arange(first_page[i], first_page[i] + pages[i])
+    query_start = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
+    positions = np.concatenate([np.arange(c, c + n) for c, n in requests])
+    row = np.repeat(np.arange(num_reqs), chunks)
+    slots = first_page[row] * block_size + positions
+    num_tokens = int(query_start[-1])
+    one = np.ones(num_reqs, dtype=np.float32)
+    zeros = np.zeros(num_reqs, dtype=np.float32)
     return StepPlan(
         step_id=-1, replica=0,
-        req_slot=np.zeros(1, np.int32), query_start=np.array([0, num_tokens], np.int32),
-        seq_lens=np.array([num_tokens], np.int32),
-        block_table=np.arange(num_pages, dtype=np.int32)[None, :],
-        logits_index=np.array([num_tokens - 1], np.int32),
-        temperature=one, top_p=one, top_k=np.zeros(1, np.int32), min_p=np.zeros(1, np.float32),
-        seed=np.zeros(1, np.int64), output_pos=np.zeros(1, np.int32), repetition_penalty=one,
-        presence_penalty=np.zeros(1, np.float32), frequency_penalty=np.zeros(1, np.float32),
-        num_logprobs=np.full(1, -1, np.int32), history_start=np.zeros(2, np.int32),
-        history_prompt_len=np.zeros(1, np.int32), history_ids=np.zeros(0, np.int32),
+        req_slot=np.arange(num_reqs, dtype=np.int32), query_start=query_start,
+        seq_lens=seq_lens.astype(np.int32), block_table=block_table,
+        logits_index=query_start[1:] - 1,
+        temperature=one, top_p=one, top_k=np.zeros(num_reqs, np.int32), min_p=zeros,
+        seed=np.zeros(num_reqs, np.int64), output_pos=np.zeros(num_reqs, np.int32), repetition_penalty=one,
+        presence_penalty=zeros, frequency_penalty=zeros,
+        num_logprobs=np.full(num_reqs, -1, np.int32), history_start=np.zeros(num_reqs + 1, np.int32),
+        history_prompt_len=np.zeros(num_reqs, np.int32), history_ids=np.zeros(0, np.int32),
         input_ids=(np.arange(num_tokens, dtype=np.int64) * 7919 % vocab_size).astype(np.int32),
-        positions=np.arange(num_tokens, dtype=np.int32),
-        slot_mapping=np.arange(num_tokens, dtype=np.int64),
+        positions=positions.astype(np.int32), slot_mapping=slots.astype(np.int64),
     )
+
+
+def compile_warmup_steps(max_model_len: int, max_tokens: int) -> list[list[tuple[int, int]]]:
+    """Steps whose shapes make Triton compile, before the first request, every attention kernel
+    variant that serving can reach outside the decode graphs: each extend tile family (chunks of at
+    most 64 queries, chunks reading at most 512 keys, longer ones) and eager decodes over one split
+    and over each reduce block size. Without them the first requests of a fresh server wait a second
+    or two for the compiler. Steps that do not fit the configured lengths are left out."""
+    steps = [[(0, 2), (4, 1)], [(0, 65), (999, 1)], [(0, 999)], [(4095, 1)], [(8191, 1)]]
+    return [step for step in steps
+            if sum(n for _, n in step) <= max_tokens and all(c + n <= max_model_len for c, n in step)]

@@ -44,7 +44,7 @@ from core.attention.triton_decode import (  # noqa: E402
     decode_tiles,
     plan_splits,
 )
-from core.attention.triton_extend import extend_work_list  # noqa: E402
+from core.attention.triton_extend import ExtendTiles, extend_tiles, extend_work_list  # noqa: E402
 from core.attention.triton_kv_write import write_kv_paged  # noqa: E402
 from core.config import CacheConfig, EngineConfig, ModelConfig  # noqa: E402
 from core.runner import ModelRunner  # noqa: E402
@@ -258,9 +258,19 @@ def test_mixed_step_equals_reference(block_size, dtype):
     assert_close_to_reference(step, *run_triton(step), reference_output(step))
 
 
-def test_long_chunks_use_several_query_tiles_and_equal_reference():
-    """float16 chunks longer than 64 queries take 128-row tiles; 150 queries span two of them."""
-    step = build_step([(10, 150), (0, 66), (130, 1)], 16, 2, 1, torch.float16, seed=5)
+def test_half_precision_tiles_follow_chunk_and_context_length():
+    assert extend_tiles(torch.float16, 64, 4000) == ExtendTiles(64, 64, 4, 2)
+    assert extend_tiles(torch.bfloat16, 65, 512) == ExtendTiles(64, 32, 4, 2)
+    assert extend_tiles(torch.bfloat16, 65, 513) == ExtendTiles(128, 128, 8, 3)
+    assert extend_tiles(torch.float32, 2048, 4000).block_m == 16
+
+
+@pytest.mark.parametrize("requests", [[(10, 150), (0, 66), (130, 1)], [(400, 150), (0, 20), (600, 1)]],
+                         ids=["64x32 tiles", "128x128 tiles"])
+def test_long_chunks_use_several_query_tiles_and_equal_reference(requests):
+    """float16 chunks longer than 64 queries: 64-row tiles while no request reads more than 512 keys
+    (150 queries span three), 128 x 128 tiles beyond (two, the first over four key tiles of prefix)."""
+    step = build_step(requests, 16, 2, 1, torch.float16, seed=5)
     assert_close_to_reference(step, *run_triton(step), reference_output(step))
 
 

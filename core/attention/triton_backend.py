@@ -112,8 +112,10 @@ class TritonAttention(AttentionBackend):
                 partial_lse = torch.empty(num_reqs, num_q_heads, splits.num_splits,
                                           dtype=torch.float32, device=q.device)
         tiles = work = None
-        if (query_lens >= 2).any():
-            tiles = extend_tiles(k_cache.dtype, int(query_lens.max()))
+        extends = query_lens >= 2
+        if extends.any():
+            longest_keys = int(meta.seq_lens_cpu[extends].max())
+            tiles = extend_tiles(k_cache.dtype, int(query_lens.max()), longest_keys)
             work_cpu = extend_work_list(meta.query_start_cpu, meta.seq_lens_cpu, tiles.block_m)
             if work_cpu.shape[1] > MAX_GRID_Y:
                 raise ValueError(f"step has {work_cpu.shape[1]} extend tiles of {tiles.block_m} queries; "

@@ -70,7 +70,9 @@ def plan_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num_sms: 
     return DecodeSplits(triton.cdiv(max(1, max_seq_len), split_tokens), split_tokens)
 
 
-@triton.jit
+# Integers that change from step to step are not specialized on (Triton would compile a variant for
+# each of: equal to 1, a multiple of 16, neither), so the runner's warm-up compiles every variant.
+@triton.jit(do_not_specialize=["num_splits", "stride_table_req"])
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_out_ptr, partial_lse_ptr,
     block_table_ptr, seq_lens_ptr, query_start_ptr,
@@ -130,7 +132,7 @@ def _decode_split_kernel(
         tl.store(partial_lse_ptr + part, row_max + tl.log2(row_sum), mask=head_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     partial_out_ptr, partial_lse_ptr, out_ptr, seq_lens_ptr, query_start_ptr,
     num_splits, split_tokens, stride_out_tok, stride_out_head,
@@ -160,6 +162,11 @@ def _decode_reduce_kernel(
     out = tl.sum(parts * weights[:, None], 0)
     tl.store(out_ptr + q_row * stride_out_tok + head * stride_out_head + dims,
              out.to(out_ptr.dtype.element_ty), mask=dim_mask)
+
+
+def reduce_block(num_splits: int) -> int:
+    """Splits the reduce kernel reads at once: three sizes (16, 32, 64), so three compiled variants."""
+    return max(16, next_power_of_2(num_splits))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
@@ -197,6 +204,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _decode_reduce_kernel[(num_reqs, num_q_heads)](
         partial_out, partial_lse, out, seq_lens, query_start,
         splits.num_splits, splits.split_tokens, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=next_power_of_2(splits.num_splits),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=reduce_block(splits.num_splits),
         BLOCK_N=tiles.block_n, PER_REQUEST_SPLITS=per_request, num_warps=4,
     )

@@ -37,15 +37,22 @@ class ExtendTiles(NamedTuple):
     num_stages: int
 
 
-def extend_tiles(dtype: torch.dtype, max_query_len: int) -> ExtendTiles:
+def extend_tiles(dtype: torch.dtype, max_query_len: int, max_keys: int) -> ExtendTiles:
+    """The tile for a step whose longest chunk has max_query_len queries and whose longest request
+    reads max_keys keys. Chosen by the H200 sweep (python -m benchmarks.kernels --sweep)."""
     if dtype == torch.float32:
         # float32 multiplies on the CUDA cores ("ieee"); larger tiles spill registers on sm_90.
         return ExtendTiles(block_m=16, block_n=32, num_warps=8, num_stages=2)
     if max_query_len <= 64:
         # Short chunks (a few tokens each): a 128-row tile would be mostly padding.
         return ExtendTiles(block_m=64, block_n=64, num_warps=4, num_stages=2)
-    # Two Hopper warpgroups (wgmma) over 128 rows: 96 KiB of shared memory, 186 registers, no spills.
-    return ExtendTiles(block_m=128, block_n=64, num_warps=8, num_stages=2)
+    if max_keys <= 512:
+        # Few keys a tile: more, smaller programs fill the 132 SMs (4 x 512 fresh: 58 us, 128 x 128: 71).
+        return ExtendTiles(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    # Two Hopper warpgroups over 128 x 128 tiles, three stages: the best of 48 tiles on a 2,048-token
+    # prompt (146 us), 4 x 512 after 1,536 cached (238) and 64 x 128 after 2,048 cached (1,073);
+    # 64 x 64 tiles were 3 %, 11 % and 14 % slower there.
+    return ExtendTiles(block_m=128, block_n=128, num_warps=8, num_stages=3)
 
 
 def extend_work_list(query_start_cpu: np.ndarray, seq_lens_cpu: np.ndarray, block_m: int) -> np.ndarray:
@@ -63,7 +70,10 @@ def extend_work_list(query_start_cpu: np.ndarray, seq_lens_cpu: np.ndarray, bloc
     return np.stack([tile_req[order], tile_block[order]]).astype(np.int32)
 
 
-@triton.jit
+# The table stride and the work list's address change from step to step: not specialized on, so
+# one compiled variant per tile (see _decode_split_kernel).
+@triton.jit(do_not_specialize=["stride_table_req"],
+            do_not_specialize_on_alignment=["tile_req_ptr", "tile_block_ptr"])
 def _extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, seq_lens_ptr, query_start_ptr,
     tile_req_ptr, tile_block_ptr, scale_log2e,

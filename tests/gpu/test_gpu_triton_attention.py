@@ -154,7 +154,7 @@ def test_mixed_prefill_chunks_and_decodes_equal_float32_reference(triton_attenti
 
 
 def test_short_chunks_only_equal_float32_reference(triton_attention):
-    """Every chunk at most 64 queries: the 64-row extend tiles."""
+    """Every chunk at most 64 queries: one query block a request, mostly padding."""
     step = build_step([(0, 64), (100, 33), (5, 2), (4000, 17)], 16, seed=3)
     check_against_float32_reference(triton_attention, step, "short chunks")
 
