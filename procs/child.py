@@ -2,8 +2,10 @@
 
 Children ignore SIGINT (a Ctrl-C in the terminal reaches the whole process group; the launcher
 alone decides the shutdown order) and turn SIGTERM into `Stopping`, which their loops let unwind
-through their cleanup. They also ask the kernel for SIGTERM when the launcher dies, so no child
-outlives a crashed launcher.
+through their cleanup. It is raised once: a SIGTERM that lands inside a finalizer (a `__del__`,
+where Python would print the exception and drop it, so the stop would be lost) is raised 10 ms
+later from a SIGALRM instead, and a repeated SIGTERM does not interrupt the cleanup. Children
+also ask the kernel for SIGTERM when the launcher dies, so no child outlives a crashed launcher.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import signal
 import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from types import FrameType
 from typing import Protocol
 
 from ipc.codec import encode
 from procs.messages import Ready
 
 _PR_SET_PDEATHSIG = 1
+_FINALIZER_RETRY_S = 0.01
 
 
 class Stopping(Exception):  # noqa: N818 - a signal, not an error
@@ -45,6 +49,7 @@ def become(title: str) -> logging.Logger:
         setproctitle.setproctitle(title)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_stopping)
+    signal.signal(signal.SIGALRM, _raise_stopping)  # the retry of a SIGTERM that hit a finalizer
     _die_with_parent()
     return logging.getLogger(title)
 
@@ -86,8 +91,26 @@ def report_ready(conn: Connection, ready: Ready) -> None:
         conn.close()
 
 
-def _raise_stopping(signum: int, frame: object) -> None:
-    raise Stopping(f"signal {signum}")
+class _StopSignal:
+    raised = False  # Stopping went up once: later signals leave the cleanup alone
+
+
+def _raise_stopping(signum: int, frame: FrameType | None) -> None:
+    if _StopSignal.raised:
+        return
+    if _in_finalizer(frame):
+        signal.setitimer(signal.ITIMER_REAL, _FINALIZER_RETRY_S)
+        return
+    _StopSignal.raised = True
+    raise Stopping("SIGTERM")
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _die_with_parent() -> None:
