@@ -56,7 +56,10 @@ class Request:
         self.num_inflight_tokens = 0
         self.num_pending_samples = 0
         self.last_step_row: tuple[int, int] | None = None  # (step id, row)
-        self.num_cached_tokens: int | None = None  # prefix-cache hit at the first admission
+        # Set at the first admission, wherever it happens (a request moved off a dead replica before
+        # it ever ran is first admitted on the replica that adopts it).
+        self.num_cached_tokens = 0  # prefix-cache hit at the first admission
+        self.first_admitted_s: float | None = None  # time.monotonic() of the first admission
         self.pages: list[int] = []  # one per block_size tokens, in order, while running
         self.slot: int | None = None  # executor slot while running
         self.cache_node: Any = None  # the radix node it locked while running
@@ -125,6 +128,6 @@ class RequestOutput:
     # (token id, logprob) pairs, best first.
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the first admission
     error: str | None = None  # why a request was aborted by the engine rather than the client
     queue_time_s: float | None = None  # with the first token only: arrival to first admission

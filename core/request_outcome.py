@@ -51,4 +51,4 @@ def token_output(request: Request, token: int, status: RequestStatus | None, row
 def final_output(request: Request) -> RequestOutput:
     """The last output of a request that ended outside a step: no token, its reason and error."""
     return RequestOutput(request.request_id, [], True, request.finish_reason, request.stop_reason,
-                         num_cached_tokens=request.num_cached_tokens or 0, error=request.error)
+                         num_cached_tokens=request.num_cached_tokens, error=request.error)

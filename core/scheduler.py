@@ -328,9 +328,10 @@ class Scheduler:
         self.waiting.popleft()
         if request.status is RequestStatus.PREEMPTED:
             self._num_preempted_waiting -= 1
-        else:
+        if request.first_admitted_s is None:  # not "not preempted": an adopted request may never have run
+            request.first_admitted_s = time.monotonic()
             request.num_cached_tokens = match.length
-            request.queue_time_s = max(0.0, time.monotonic() - request.arrival_s)
+            request.queue_time_s = max(0.0, request.first_admitted_s - request.arrival_s)
             self._num_prompt_tokens += request.prompt_len
             self._prefix_query_tokens += request.prompt_len
             self._prefix_hit_tokens += match.length
