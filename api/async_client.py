@@ -27,6 +27,7 @@ from api.client_errors import (
     RequestIds,
     RequestRefused,
     describe_ids,
+    invalid_message_failure,
     requests_for,
 )
 from api.generation import Generation, GenerationBuilder, Prompt, refused
@@ -40,6 +41,7 @@ from procs.messages import (
     ServerInfo,
     ServerInfoQuery,
 )
+from procs.problem_log import ProblemLog
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,7 @@ class AsyncClient:
     def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "async client",
                  identity: bytes | None = None, id_prefix: str = "r") -> None:
         self.address = address
+        self._problems = ProblemLog(log)
         self.timeout_s = timeout_s
         self.name = name
         self._identity = identity
@@ -308,8 +311,10 @@ class AsyncClient:
         try:
             message = decode(frames[0])
         except CodecError as e:
-            log.warning("%s: dropping a bad message from %s: %s", self.name, self.address, e)
-            return
+            self._problems.warning(f"{self.name}: bad message from {self.address}", str(e))
+            message = invalid_message_failure(e)
+            if message is None:
+                return
         self._route(message)
 
     def _route(self, message: object) -> None:

@@ -32,6 +32,7 @@ from api.client_errors import (
     RequestIds,
     RequestRefused,
     describe_ids,
+    invalid_message_failure,
     requests_for,
 )
 from api.generation import Generation, GenerationBuilder, Prompt, refused
@@ -46,6 +47,7 @@ from procs.messages import (
     ServerInfo,
     ServerInfoQuery,
 )
+from procs.problem_log import ProblemLog
 
 __all__ = ["AsyncClient", "Client", "ClientError", "ClientTimeout", "RequestGroup", "RequestRefused"]
 
@@ -58,6 +60,7 @@ class Client:
     def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "client",
                  identity: bytes | None = None) -> None:
         self.address = address
+        self._problems = ProblemLog(log)
         self.timeout_s = timeout_s
         self._channel = DealerChannel.connect(address, name=f"{name} -> tokenizer {address}",
                                               identity=identity, send_timeout_s=SEND_TIMEOUT_S)
@@ -194,8 +197,11 @@ class Client:
             try:
                 message = self._channel.recv(max(0.0, deadline - time.monotonic()))
             except CodecError as e:
-                log.warning("dropping a bad message from the tokenizer at %s: %s", self.address, e)
-                continue
+                self._problems.warning(f"bad message from the tokenizer at {self.address}", str(e))
+                failure = invalid_message_failure(e)
+                if failure is None:
+                    continue
+                message = failure
             if message is None:
                 return False
             self._route(message)

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from api.generation import Prompt, make_request
 from core.sampling_params import SamplingParams
+from ipc.codec import CodecError
 from procs.messages import GenerateRequest, RequestFailed
 
 DEFAULT_TIMEOUT_S = 120.0  # the longest silence a native client waits through by default
@@ -34,6 +35,16 @@ class RequestRefused(ClientError):
         field = f" (field {failure.field})" if failure.field else ""
         super().__init__(f"request {failure.request_id} refused{field}: {failure.message}")
         self.failure = failure
+
+
+def invalid_message_failure(error: CodecError) -> RequestFailed | None:
+    """A message from the tokenizer that does not decode ends the request it names (502, with what
+    was wrong) instead of leaving its caller waiting; None when it names none."""
+    request_id = error.names.get("request_id")
+    if not isinstance(request_id, str):
+        return None
+    return RequestFailed(request_id, f"the tokenizer sent an invalid message for this request: {error}",
+                         None, 502)
 
 
 def describe_ids(ids: Iterable[str]) -> str:

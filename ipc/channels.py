@@ -8,8 +8,9 @@ Receiving, the contract a process loop relies on:
 * `recv(timeout_s)` returns the message, or None when nothing arrived within `timeout_s` (a loop
   that times out is normal, not an error). `expect(timeout_s)` raises `ChannelTimeout` naming the
   channel instead, for a reply that must come.
-* A frame that does not decode raises `CodecError` (its message names the channel) *after* the frame
-  has been consumed, so the loop logs it and calls `recv` again to get the next good message.
+* A frame that does not decode raises `BadFrame`, a CodecError (its message names the channel)
+  *after* the frame has been consumed, so the loop can answer whom it names (`names`, and a
+  ROUTER's `identity`) and call `recv` again to get the next good message.
 * `types=` restricts what a channel accepts; any other registered type raises CodecError too.
 
 Sending blocks at most `send_timeout_s` (a PUSH with no peer would otherwise block forever) and then
@@ -34,6 +35,20 @@ _DEFAULT_SEND_TIMEOUT_S = 10.0
 
 class ChannelTimeout(TimeoutError):
     """Nothing arrived (or could be sent) on a channel in the time asked."""
+
+
+class BadFrame(CodecError):
+    """A received frame that does not decode, consumed already. Beyond CodecError's `names` it keeps
+    the frames the socket type put before the envelope: a ROUTER's `identity` of the sender."""
+
+    def __init__(self, message: str, type_name: str | None = None, names: dict | None = None,
+                 prefix: Sequence[bytes] = ()) -> None:
+        super().__init__(message, type_name, names)
+        self.prefix = tuple(prefix)
+
+    @property
+    def identity(self) -> bytes | None:
+        return self.prefix[0] if self.prefix else None
 
 
 class ChannelError(RuntimeError):
@@ -140,14 +155,17 @@ class Channel:
             return None
         parts = self._socket.recv_multipart(copy=False)
         n = self._num_prefix_frames
+        prefix = [p.bytes for p in parts[:n]]
         if len(parts) <= n:
-            raise CodecError(f"channel {self.name}: expected an envelope frame, got {len(parts)} frame(s)")
+            raise BadFrame(f"channel {self.name}: expected an envelope frame, got {len(parts)} frame(s)",
+                           prefix=prefix)
         try:
             msg = decode(parts[n].buffer)
         except CodecError as e:
-            raise CodecError(f"channel {self.name}: {e}") from e
+            raise BadFrame(f"channel {self.name}: {e}", e.type_name, e.names, prefix) from e
         if self._types is not None and not isinstance(msg, self._types):
-            raise CodecError(f"channel {self.name}: expected {self._types_str()}, got {type_name(msg)}")
+            raise BadFrame(f"channel {self.name}: expected {self._types_str()}, got {type_name(msg)}",
+                           type_name(msg), prefix=prefix)
         return parts[:n], Delivery(msg, tuple(p.buffer for p in parts[n + 1 :]))
 
     def _types_str(self) -> str:

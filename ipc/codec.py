@@ -16,6 +16,13 @@ refused, because the dtype would not survive; tensors travel through shared memo
 
 Fields with a default may be missing from a body (so a newer sender can drop one), fields without
 one may not; unknown fields are always an error. Called by ipc/channels.py and by tests.
+
+One bad item never takes the others down. A CodecError carries `names`: the identifying scalars
+(request_id, replica, rank, step_id) found at the top of the body that failed, so a receiver can
+fail exactly the request or step it names. A list field declared with `items_fail_alone(into, by)`
+keeps its good items when some fail: each bad one is left out and described by an `InvalidItem`
+(its index, the item's own `by` field when readable, the error) in the field `into`, and the
+message decodes. StepOutputs uses it, so one malformed output fails one stream, not all of them.
 """
 
 from __future__ import annotations
@@ -33,15 +40,47 @@ _ENCODE_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _ENVELOPE_KEYS = frozenset({"type", "body"})
 
 
+# Top-level body fields that name what a message is about; a CodecError reports those it can read.
+_NAMING_FIELDS = ("request_id", "replica", "rank", "step_id")
+
+
 class CodecError(ValueError):
     """Bytes that are not a valid envelope of a registered message type, or a message that cannot be
-    encoded. The message names the type and field."""
+    encoded. The message names the type and field; `type_name` and `names` (request_id, replica,
+    rank, step_id: whichever the body held as plain scalars) say whom the bad message was about."""
+
+    def __init__(self, message: str, type_name: str | None = None,
+                 names: dict[str, str | int] | None = None) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.names = dict(names or {})
+
+
+@dataclasses.dataclass(frozen=True)
+class InvalidItem:
+    """An item left out of a list declared with `items_fail_alone`, and why."""
+
+    index: int  # its place in the list as sent
+    key: str | int | None  # the item's own `by` field (its request id), None when unreadable
+    error: str
+
+
+_ITEMS_FAIL_ALONE = "cadence.codec.items_fail_alone"
+
+
+def items_fail_alone(into: str, by: str) -> dict[str, Any]:
+    """Field metadata: decode this list item by item, leaving bad items out and reporting each as
+    an InvalidItem in the field `into` (annotated `list[InvalidItem]`, default empty); `by` is the
+    item field that names it. Use it as `field(metadata=items_fail_alone("invalid", "request_id"))`."""
+    return {_ITEMS_FAIL_ALONE: (into, by)}
 
 
 _TYPES_BY_NAME: dict[str, type] = {}
 _NAMES_BY_TYPE: dict[type, str] = {}
 # Resolved field annotations per dataclass, filled on first use so forward references work.
 _HINTS: dict[type, dict[str, Any]] = {}
+# Per dataclass: its items_fail_alone list fields, {field: (into, by)}.
+_SALVAGED: dict[type, dict[str, tuple[str, str]]] = {}
 
 _T = typing.TypeVar("_T", bound=type)
 
@@ -100,8 +139,18 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     name = envelope["type"]
     cls = _TYPES_BY_NAME.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise CodecError(f"unknown message type {name!r}")
-    return _build(cls, envelope["body"], name, "")
+        raise CodecError(f"unknown message type {name!r}", None, _names(envelope["body"]))
+    try:
+        return _build(cls, envelope["body"], name, "")
+    except CodecError as e:
+        raise CodecError(str(e), name, _names(envelope["body"])) from None
+
+
+def _names(body: Any) -> dict[str, str | int]:
+    if not isinstance(body, dict):
+        return {}
+    return {k: body[k] for k in _NAMING_FIELDS
+            if isinstance(body.get(k), str | int) and not isinstance(body.get(k), bool)}
 
 
 # --- decoding ------------------------------------------------------------------------------------
@@ -166,7 +215,16 @@ def _build(cls: type, body: Any, name: str, path: str) -> Any:
         prefix = f"{path}." if path else ""
         raise CodecError(f"message {name}: missing field(s) {', '.join(repr(prefix + n) for n in missing)}")
     prefix = f"{path}." if path else ""
-    kwargs = {k: _convert(v, hints[k], name, prefix + k) for k, v in body.items()}
+    salvaged = _SALVAGED.get(cls)
+    if salvaged is None:
+        salvaged = _SALVAGED[cls] = {f.name: f.metadata[_ITEMS_FAIL_ALONE] for f in dataclasses.fields(cls)
+                                     if _ITEMS_FAIL_ALONE in f.metadata}
+    kwargs = {k: _convert(v, hints[k], name, prefix + k) for k, v in body.items() if k not in salvaged}
+    for field_name, (into, by) in salvaged.items():
+        if field_name in body:
+            kwargs[field_name], invalid = _convert_salvaging(body[field_name], hints[field_name], name,
+                                                             prefix + field_name, by)
+            kwargs[into] = [*kwargs.get(into, ()), *invalid]
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
@@ -226,6 +284,21 @@ def _convert(value: Any, tp: Any, name: str, path: str) -> Any:
             f"message {name} field {path!r}: expected {len(args)} items for {_type_str(tp)}, got {len(value)}"
         )
     return tuple(_convert(v, a, name, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+
+
+def _convert_salvaging(value: Any, tp: Any, name: str, path: str, by: str) -> tuple[list, list[InvalidItem]]:
+    """A list whose bad items are left out: (the good items, an InvalidItem per bad one)."""
+    _expect(isinstance(value, list), value, "an array", name, path, None)
+    item_tp = typing.get_args(tp)[0]
+    good, invalid = [], []
+    for i, item in enumerate(value):
+        try:
+            good.append(_convert(item, item_tp, name, f"{path}[{i}]"))
+        except CodecError as e:
+            key = item.get(by) if isinstance(item, dict) else None
+            readable = isinstance(key, str | int) and not isinstance(key, bool)
+            invalid.append(InvalidItem(i, key if readable else None, str(e)))
+    return good, invalid
 
 
 def _convert_items(value: list, item_tp: Any, name: str, path: str) -> list:

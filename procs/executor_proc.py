@@ -29,6 +29,7 @@ from ipc.codec import decode
 from procs.child import become, parent_alive, run_actor
 from procs.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
 from procs.plan_receiver import BadDoorbell, PlanReceiver, Step
+from procs.problem_log import ProblemLog
 from procs.step_frames import result_to_frames
 
 if TYPE_CHECKING:  # torch loads in the executor process only, when it builds its runner
@@ -87,6 +88,9 @@ class Executor:
         self.spec = spec
         self.runner = runner
         self.log = log
+        # A doorbell message that does not decode cannot be answered: the step it announced (if it
+        # was one) never runs here, and the scheduler's step timeout names this rank as stuck.
+        self.problems = ProblemLog(log)
         self.name = f"executor dp={spec.replica} tp={spec.rank}"
         self._ppid = os.getppid()
         doorbell = SubChannel.connect(spec.doorbell, name=f"doorbell of replica {spec.replica}",
@@ -115,7 +119,7 @@ class Executor:
                         launched = None
                         continue
             except BadDoorbell as exc:
-                self.log.warning("ignored a bad doorbell message: %s", exc)
+                self.problems.warning("bad doorbell message", str(exc))
                 continue
             if msg is None:
                 if not parent_alive(self._ppid):

@@ -22,7 +22,7 @@ from core.config import EngineConfig
 from core.request import RequestOutput
 from core.sampling_params import SamplingParams
 from core.scheduler_stats import SchedulerStats
-from ipc.codec import message
+from ipc.codec import InvalidItem, items_fail_alone, message
 
 # --- clients <-> tokenizer --------------------------------------------------------------------------
 
@@ -151,9 +151,12 @@ class TokenizedRequest:
 @message
 @dataclass(frozen=True)
 class StepOutputs:
-    """Everything a scheduler loop iteration produced for the tokenizer to stream."""
+    """Everything a scheduler loop iteration produced for the tokenizer to stream. An output that
+    does not decode is left out of `outputs` and listed in `invalid_outputs` (with its request id
+    where readable), so it fails its own stream and no other."""
 
-    outputs: list[RequestOutput]
+    outputs: list[RequestOutput] = field(metadata=items_fail_alone("invalid_outputs", "request_id"))
+    invalid_outputs: list[InvalidItem] = field(default_factory=list)
 
 
 @message

@@ -28,8 +28,8 @@ from core.plan import StepPlan, pack_plan, packed_plan_nbytes
 from core.plan_ahead import PlanAhead
 from core.request import Request, RequestOutput
 from core.scheduler import RequestRejectedError, Scheduler, SchedulerError
-from ipc.channels import PubChannel, PullChannel, PushChannel, wait_readable
-from ipc.codec import CodecError, decode
+from ipc.channels import BadFrame, PubChannel, PullChannel, PushChannel, wait_readable
+from ipc.codec import decode
 from ipc.shm_ring import RingError, StepRing, cleanup_stale, ring_name, run_prefix
 from procs.child import become, parent_alive, run_actor
 from procs.messages import (
@@ -49,6 +49,7 @@ from procs.messages import (
     Stop,
     TokenizedRequest,
 )
+from procs.problem_log import ProblemLog
 from procs.step_frames import result_from_frames
 from procs.step_trace import StepTrace
 
@@ -151,6 +152,7 @@ class SchedulerProcess:
             self.replicas.append(Replica(index, spec, num_pages))
         self.router = DPRouter(len(self.replicas))
         self.trace = StepTrace(log)
+        self.problems = ProblemLog(log)
         self._pending: list[RequestOutput] = []  # outputs to emit this iteration
         self._rejected: list[Rejected] = []
         self._stopping = False
@@ -174,8 +176,8 @@ class SchedulerProcess:
             while (left := until - time.monotonic()) > 0:
                 try:
                     msg = self.results.recv(left)
-                except CodecError as exc:
-                    self.log.warning("ignored a bad message: %s", exc)
+                except BadFrame as exc:
+                    self.problems.warning("bad message during the handshake", str(exc))
                     continue
                 if isinstance(msg, Pong):
                     waiting.discard((msg.replica, msg.rank))
@@ -285,6 +287,7 @@ class SchedulerProcess:
                     f"{self.step_timeout_s:g} s"))
         if now - self._last_status_s >= _STATUS_EVERY_S:
             self._last_status_s = now
+            self.problems.flush()
             serving = any(r.alive for r in self.replicas)
             self.outputs.send(SchedulerStatus(serving, [r.info() for r in self.replicas]))
             if not parent_alive(self._ppid):
@@ -386,8 +389,27 @@ class SchedulerProcess:
         while True:
             try:
                 return channel.recv_with_frames(0) if with_frames else channel.recv(0)
-            except CodecError as exc:  # a bad frame is consumed: log it and take the next one
-                self.log.warning("ignored a bad message: %s", exc)
+            except BadFrame as exc:  # consumed: answer whom it names, then take the next one
+                self.on_bad_message(exc)
+
+    def on_bad_message(self, exc: BadFrame) -> None:
+        """A message that does not decode fails what it names and nothing else."""
+        names, kind = exc.names, exc.type_name
+        self.problems.warning(f"bad {kind or 'unknown'} message", str(exc))
+        if kind == "TokenizedRequest" and isinstance(names.get("request_id"), str):
+            self._rejected.append(Rejected(names["request_id"], f"invalid request: {exc}", status=500))
+        elif kind == "AbortRequest" and isinstance(names.get("request_id"), str):
+            self.abort(names["request_id"])
+        elif kind == "StepDone" and all(isinstance(names.get(k), int) for k in ("replica", "step_id")):
+            # The step's requests fail as after an error inside it; the replica serves on.
+            replica, rank = names["replica"], names.get("rank", 0)
+            error = f"executor dp={replica} tp={rank} sent a result that does not decode: {exc}"
+            self.finish_step(StepDone(replica, int(rank), names["step_id"], error=error), ())
+        elif kind == "ReplicaDown" and isinstance(names.get("replica"), int):
+            self.take_down(names["replica"], f"the launcher reported replica {names['replica']} down")
+        elif kind == "Shutdown":
+            self.log.info("shutting down: asked with an unreadable reason")
+            self._stopping = True
 
     def close(self) -> None:
         for replica in self.replicas:

@@ -23,8 +23,16 @@ from multiprocessing.connection import Connection
 
 from core.request import RequestOutput
 from core.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer, load_tokenizer
-from ipc.channels import ChannelError, ChannelTimeout, PullChannel, PushChannel, RouterChannel, wait_readable
-from ipc.codec import CodecError, decode
+from ipc.channels import (
+    BadFrame,
+    ChannelError,
+    ChannelTimeout,
+    PullChannel,
+    PushChannel,
+    RouterChannel,
+    wait_readable,
+)
+from ipc.codec import decode
 from procs.child import become, parent_alive, run_actor
 from procs.messages import (
     AbortRequest,
@@ -41,6 +49,7 @@ from procs.messages import (
     TokenizerSpec,
     TopLogprob,
 )
+from procs.problem_log import ProblemLog
 
 _IDLE_WAIT_S = 0.5
 _CLIENT_SEND_TIMEOUT_S = 1.0
@@ -95,6 +104,7 @@ class TokenizerProcess:
         self.status: SchedulerStatus | None = None
         self.status_s = time.monotonic()
         self._ppid = os.getppid()
+        self.problems = ProblemLog(log)
         # Encoders for a burst of new requests (tokenizers that encode without the GIL).
         self._encoders = ThreadPoolExecutor(_ENCODER_THREADS, thread_name_prefix="cadence-encode")
 
@@ -118,8 +128,8 @@ class TokenizerProcess:
         while time.monotonic() < deadline and len(batch) < _MAX_BATCH:
             try:
                 routed = self.frontend.recv(0)
-            except CodecError as exc:
-                self.log.warning("ignored a bad client message: %s", exc)
+            except BadFrame as exc:
+                self.refuse_bad_client_message(exc)
                 continue
             if routed is None:
                 break
@@ -207,6 +217,17 @@ class TokenizerProcess:
                 f"{len(ids)} prompt tokens and asks for {asked} more"))
         return ids
 
+    def refuse_bad_client_message(self, exc: BadFrame) -> None:
+        """A client's message that does not decode: the request it names (if it names one) is refused
+        with what was wrong, so the client hears of it instead of waiting; the rest is only logged."""
+        request_id = exc.names.get("request_id")
+        if exc.identity is not None and isinstance(request_id, str) and request_id:
+            if exc.type_name == "AbortRequest":
+                self.abort(_internal_id(exc.identity, request_id))
+            else:
+                self._fail(exc.identity, request_id, f"invalid request: {exc}", None)
+        self.problems.warning("bad message from a client", str(exc))
+
     def abort(self, internal_id: str) -> None:
         if internal_id in self.streams:
             self.to_scheduler.send(AbortRequest(internal_id))
@@ -217,10 +238,14 @@ class TokenizerProcess:
         while True:
             try:
                 msg = self.from_scheduler.recv(0)
-            except CodecError as exc:
-                self.log.warning("ignored a bad scheduler message: %s", exc)
+            except BadFrame as exc:  # whatever it was about ends with the error; nothing else does
+                request_id = exc.names.get("request_id")
+                if isinstance(request_id, str):
+                    self.end_with_error(request_id, f"the scheduler sent an invalid message for it: {exc}")
+                self.problems.warning("bad message from the scheduler", str(exc))
                 continue
             if msg is None:
+                self.problems.flush()
                 return
             if isinstance(msg, StepOutputs):
                 for out in msg.outputs:
@@ -228,7 +253,11 @@ class TokenizerProcess:
                         self.emit(out)
                     except Exception as exc:  # a bug must cost one request, not the server
                         self.log.exception("output of %s failed", out.request_id)
-                        self._end_broken(out.request_id, exc)
+                        self.end_with_error(out.request_id, f"internal error: {type(exc).__name__}: {exc}")
+                for bad in msg.invalid_outputs:  # each fails its own stream only
+                    if isinstance(bad.key, str):
+                        self.end_with_error(bad.key, f"the scheduler sent an invalid output: {bad.error}")
+                    self.problems.warning("bad output from the scheduler", bad.error)
             elif isinstance(msg, Rejected):
                 stream = self.streams.pop(msg.request_id, None)
                 if stream is not None:
@@ -290,14 +319,15 @@ class TokenizerProcess:
             None if logprobs is None else list(logprobs), top, prompt_ids, queue_time_s,
         ), abort_on_failure=None if finished else out.request_id)
 
-    def _end_broken(self, request_id: str, exc: Exception) -> None:
+    def end_with_error(self, request_id: str, error: str) -> None:
+        """End a stream with `error` (finish_reason "abort") and free what it holds in the scheduler."""
         stream = self.streams.pop(request_id, None)
         if stream is None:
             return
         self.to_scheduler.send(AbortRequest(request_id))
         self._send(stream.identity, GenerateOutput(
             stream.request.request_id, "", [], stream.num_prompt_tokens, stream.num_output_tokens,
-            finished=True, finish_reason="abort", error=f"internal error: {type(exc).__name__}: {exc}"))
+            finished=True, finish_reason="abort", error=error))
 
     def server_info(self) -> ServerInfo:
         age = time.monotonic() - self.status_s

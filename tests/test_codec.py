@@ -220,3 +220,32 @@ def test_ndarray_annotation_is_refused_on_first_use():
 
     with pytest.raises(TypeError, match=r"unsupported annotation.*shared memory"):
         decode(b'{"type":"ndarray.holder","body":{"x":[1]}}')
+
+
+# --- one bad item never takes the others down -------------------------------------------------------
+
+
+def test_a_list_whose_items_fail_alone_keeps_its_good_items_and_names_the_bad_ones():
+    from core.request import RequestOutput
+    from procs.messages import StepOutputs
+
+    body = {"outputs": [{"request_id": "a", "new_token_ids": [1]},
+                        {"request_id": "b", "new_token_ids": [2], "num_cached_tokens": None},
+                        {"new_token_ids": "x"},
+                        {"request_id": "d", "new_token_ids": [4]}]}
+    msg = decode(orjson.dumps({"type": "StepOutputs", "body": body}))
+    assert msg.outputs == [RequestOutput("a", [1]), RequestOutput("d", [4])]
+    assert [(bad.index, bad.key) for bad in msg.invalid_outputs] == [(1, "b"), (2, None)]
+    assert "outputs[1].num_cached_tokens': expected int, got null" in msg.invalid_outputs[0].error
+    assert decode(encode(StepOutputs(msg.outputs))).invalid_outputs == []
+
+
+def test_a_codec_error_names_the_request_or_step_its_body_was_about():
+    bad = {"type": "TokenizedRequest", "body": {"request_id": "r7", "prompt_token_ids": ["a"]}}
+    with pytest.raises(CodecError) as caught:
+        decode(orjson.dumps(bad))
+    assert caught.value.type_name == "TokenizedRequest" and caught.value.names == {"request_id": "r7"}
+    bad = {"type": "StepDone", "body": {"replica": 1, "rank": 0, "step_id": 12, "timings_ms": 3}}
+    with pytest.raises(CodecError) as caught:
+        decode(orjson.dumps(bad))
+    assert caught.value.names == {"replica": 1, "rank": 0, "step_id": 12}

@@ -8,6 +8,7 @@ a clear error within seconds; a crash must leave nothing behind in /dev/shm.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import time
@@ -302,6 +303,39 @@ def test_garbage_on_every_socket_is_logged_and_survived(reference):
     result = client.generate({"after": {"prompt": "still there?"}}, GREEDY)["after"]
     assert result.finish_reason == "length" and len(result.token_ids) == GREEDY.max_tokens
     assert all(c.process.is_alive() for c in launcher.children)
+
+
+def test_an_invalid_output_fails_its_own_stream_and_the_others_finish(reference):
+    """The tokenizer gets a StepOutputs with one malformed item (a null where an int belongs) for a
+    running request: that request ends with an error naming the field; the same message's good item
+    and every other stream carry on (issue: one bad item used to drop the whole message)."""
+    launcher, client = reference
+    long = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    client.submit("victim", long, prompt="one")
+    client.submit("bystander", GREEDY, prompt="two")
+    internal_id = f"{client.channel._identity.hex()}/victim"
+    bad = {"request_id": internal_id, "new_token_ids": [5], "num_cached_tokens": None}
+    good = {"request_id": "nobody/nothing", "new_token_ids": [5]}
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.connect(launcher.endpoints.tokenizer_output)
+    push.send(b'{"type": "StepOutputs", "body": {"outputs": [%s, %s]}}' % (
+        json.dumps(good).encode(), json.dumps(bad).encode()))
+    push.close(linger=1000)
+    results = client.collect(["victim", "bystander"], timeout_s=60)
+    victim = results["victim"]
+    assert victim.finish_reason == "abort" and len(victim.token_ids) < 200
+    assert "invalid output" in victim.error and "outputs[1].num_cached_tokens" in victim.error
+    assert results["bystander"].error is None and len(results["bystander"].token_ids) == GREEDY.max_tokens
+    _wait_for_idle(client)  # the victim's abort reached the scheduler: nothing of it is held
+
+
+def test_a_malformed_request_that_names_itself_is_refused_with_the_field(reference):
+    launcher, client = reference
+    client.channel._socket.send(b'{"type": "GenerateRequest", "body": {"request_id": "bad", '
+                                b'"params": {"temperature": "hot"}, "prompt": "x"}}')
+    failed = client.collect(["bad"], timeout_s=10)["bad"].failed
+    assert failed is not None and failed.status == 400
+    assert "invalid request" in failed.message and "params.temperature" in failed.message
 
 
 def test_a_child_that_cannot_start_fails_the_launch_with_its_error(tmp_path):
