@@ -203,6 +203,8 @@ class AsyncClient:
 
     async def server_info(self, timeout_s: float | None = None) -> ServerInfo:
         """The server's state; concurrent callers share one query."""
+        if self._failure is not None:
+            raise self._failure
         timeout = self.timeout_s if timeout_s is None else timeout_s
         now = time.monotonic()
         if self._info is None or self._info.done() or now - self._info_asked_s > timeout:
@@ -301,11 +303,17 @@ class AsyncClient:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the socket broke: every waiter must hear of it
-            self._failure = ClientError(f"{self.name}: receiving from the tokenizer at {self.address} "
-                                        f"failed: {e}")
-            log.error("%s", self._failure)
-            for group in {id(g): g for g in self._groups.values()}.values():
-                group._deliver(None)
+            self.fail(f"{self.name}: receiving from the tokenizer at {self.address} failed: {e}")
+
+    def fail(self, reason: str) -> None:
+        """The engine behind the tokenizer is gone (or the socket broke): every waiting request and
+        every later call gets ClientError(reason) at once instead of waiting out its timeout."""
+        if self._failure is not None:
+            return
+        self._failure = ClientError(reason)
+        log.error("%s", reason)
+        for group in {id(g): g for g in self._groups.values()}.values():
+            group._deliver(None)
 
     def _receive(self, frames: list[bytes]) -> None:
         try:

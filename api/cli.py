@@ -65,8 +65,26 @@ def api_config(args: argparse.Namespace, model: ServedModel, tokenizer_address: 
     )
 
 
+class EngineWatch:
+    """What `cadence serve` does when the engine dies under it (the launcher's on_fatal, called from
+    its supervisor thread): every waiting request ends at once with a 503 naming the dead process,
+    /health answers 503, and the HTTP server stops, so the command exits 1 with that reason."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.app: Any = None
+        self.http: Any = None  # the uvicorn.Server, once it runs
+
+    def __call__(self, reason: str) -> None:
+        self.reason = reason
+        if self.app is not None:
+            self.app.state.server.engine_stopped(reason)
+        if self.http is not None:
+            self.http.should_exit = True
+
+
 @contextlib.contextmanager
-def _start_engine(args: argparse.Namespace) -> Iterator[tuple[ServedModel, str]]:
+def _start_engine(args: argparse.Namespace, watch: EngineWatch) -> Iterator[tuple[ServedModel, str]]:
     """Start the engine's processes; yields the served model and the tokenizer's address."""
     from procs.args import config_from_args, launch_options_from_args
     from procs.launcher import Launcher
@@ -74,14 +92,20 @@ def _start_engine(args: argparse.Namespace) -> Iterator[tuple[ServedModel, str]]
     engine_config = config_from_args(args)
     name = args.served_model_name or engine_config.model.name
     model = ServedModel(name, engine_config.max_model_len, engine_config.model.generation)
-    with Launcher(engine_config, launch_options_from_args(args)) as launcher:
+    with Launcher(engine_config, launch_options_from_args(args), on_fatal=watch) as launcher:
         yield model, launcher.endpoints.tokenizer_frontend
 
 
-def _run_http(app: Any, args: argparse.Namespace) -> None:
+def _run_http(app: Any, args: argparse.Namespace, watch: EngineWatch) -> None:
     import uvicorn
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    # Open streams get their error event at once when the engine stops; the grace period bounds
+    # what is left (a client that stopped reading).
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           access_log=args.access_log, timeout_graceful_shutdown=5))
+    watch.http = server
+    if watch.reason is None:  # the engine may have died while the app was being built
+        server.run()
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -89,11 +113,16 @@ def serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s [cadence] %(message)s")
     # The engine's processes read their level from the environment they inherit (debug: a step trace).
     os.environ.setdefault("CADENCE_LOG_LEVEL", args.log_level.upper())
-    with _start_engine(args) as (model, tokenizer_address):
+    watch = EngineWatch()
+    with _start_engine(args, watch) as (model, tokenizer_address):
         config = api_config(args, model, tokenizer_address)
         log.info("serving %s on http://%s:%d (tokenizer at %s)%s", model.name, args.host, args.port,
                  tokenizer_address, ", API key required" if config.api_key else "")
-        _run_http(build_app(config), args)
+        watch.app = build_app(config)
+        _run_http(watch.app, args, watch)
+    if watch.reason is not None:
+        print(f"cadence {args.command}: stopped because {watch.reason}", file=sys.stderr)
+        return 1
     return 0
 
 

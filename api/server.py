@@ -129,14 +129,24 @@ class ApiServer:
         self.metrics = ApiMetrics(config.model.name)
         self.client = AsyncClient(config.tokenizer_address, timeout_s=config.timeout_s, name="api server")
         self.created = int(time.time())
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self._loop = asyncio.get_running_loop()
         await self.client.start()
         try:
             yield
         finally:
             await self.client.close()
+
+    def engine_stopped(self, reason: str) -> None:
+        """The engine is gone (the launcher saw the scheduler or tokenizer die); callable from any
+        thread. Every waiting request ends with a 503 (an error event when it streams) naming what
+        died, and /health answers 503, instead of each waiting out the request timeout."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.client.fail, f"the engine stopped: {reason}")
 
     # --- generation ----------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
@@ -52,7 +53,10 @@ class LaunchOptions:
     served_model_name: str | None = None  # default: the model's name
     tokenizer_path: str | None = None  # default: the model directory (or the built-in vocabulary)
     startup_timeout_s: float = 900.0  # loading 30 GB of weights and profiling takes minutes
-    step_timeout_s: float = 300.0  # a step with no result for this long takes its replica down
+    # A step with no result for this long takes its replica down. Far above the slowest legitimate
+    # step (a full 8,192-token prefill of the 14B model takes under a second on an H200; the Triton
+    # compiles happen at start-up), far below the minute after which a user gives up.
+    step_timeout_s: float = 30.0
     shutdown_timeout_s: float = 10.0  # per stage, before SIGKILL
     runtime_root: str | None = None  # where the private socket directory goes (tests)
 
@@ -74,9 +78,14 @@ class _ReplicaState:
 
 
 class Launcher:
-    def __init__(self, config: EngineConfig, options: LaunchOptions | None = None) -> None:
+    def __init__(self, config: EngineConfig, options: LaunchOptions | None = None,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
+        """`on_fatal(reason)` is called, from the supervisor thread, when the scheduler or the
+        tokenizer dies: serving has stopped for good (`cadence serve` then fails what is waiting and
+        exits)."""
         self.config = config
         self.options = options or LaunchOptions()
+        self.on_fatal = on_fatal
         self.run_id = f"{os.getpid()}-{secrets.token_hex(3)}"
         self.endpoints: Endpoints | None = None
         self.tokenizer: Child | None = None
@@ -131,7 +140,8 @@ class Launcher:
             num_pages = [min(c.ready.num_pages for c in r.executors) for r in self.replicas]
             self.scheduler = self._spawn("scheduler", run_scheduler, SchedulerSpec(
                 config, self.run_id, num_pages, eps.scheduler_input, eps.tokenizer_output, eps.results,
-                list(eps.doorbells), options.step_timeout_s))
+                list(eps.doorbells), options.step_timeout_s,
+                executor_pids=[[c.process.pid for c in r.executors] for r in self.replicas]))
             self._await_ready([self.scheduler], deadline)
         except BaseException:
             self.shutdown()
@@ -236,6 +246,8 @@ class Launcher:
         if child.replica < 0:
             self.fatal_error = reason
             log.error("%s: serving has stopped", reason)
+            if self.on_fatal is not None:
+                self.on_fatal(reason)
             return
         state = self.replicas[child.replica]
         log.error("%s: replica %d is down", reason, child.replica)

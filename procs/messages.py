@@ -124,6 +124,7 @@ class ReplicaInfo:
     # next plan between back-to-back steps (the scheduler had work all along; the GPU sat idle).
     step_execute_s: float = 0.0
     step_wait_s: float = 0.0
+    routed_load_tokens: int = 0  # the DP router's count of work routed here and not finished
 
 
 @message
@@ -276,6 +277,7 @@ class SchedulerSpec:
     doorbells: list[str]  # PUB per replica
     step_timeout_s: float  # a step with no result past this takes its replica down
     ring_slots: int = 4
+    executor_pids: list[list[int]] = field(default_factory=list)  # per replica, by rank: killed when stuck
 
 
 @message

@@ -19,18 +19,15 @@ import contextlib
 import logging
 import os
 import time
-from collections import deque
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from core.dp_router import DPRouter
 from core.plan import StepPlan, pack_plan, packed_plan_nbytes
-from core.plan_ahead import PlanAhead
 from core.request import Request, RequestOutput
-from core.scheduler import RequestRejectedError, Scheduler, SchedulerError
-from ipc.channels import BadFrame, PubChannel, PullChannel, PushChannel, wait_readable
+from core.scheduler import RequestRejectedError, SchedulerError
+from ipc.channels import BadFrame, PullChannel, PushChannel, wait_readable
 from ipc.codec import decode
-from ipc.shm_ring import RingError, StepRing, cleanup_stale, ring_name, run_prefix
+from ipc.shm_ring import RingError, cleanup_stale, run_prefix
 from procs.child import become, parent_alive, run_actor
 from procs.messages import (
     AbortRequest,
@@ -39,7 +36,6 @@ from procs.messages import (
     Ready,
     Rejected,
     ReplicaDown,
-    ReplicaInfo,
     SchedulerSpec,
     SchedulerStatus,
     Shutdown,
@@ -50,6 +46,7 @@ from procs.messages import (
     TokenizedRequest,
 )
 from procs.problem_log import ProblemLog
+from procs.replica import InFlight, Replica
 from procs.step_frames import result_from_frames
 from procs.step_trace import StepTrace
 
@@ -76,64 +73,6 @@ def run_scheduler(spec_bytes: bytes, ready_conn: Connection) -> None:
         return process
 
     run_actor(ready_conn, Ready("scheduler", os.getpid()), log, start)
-
-
-@dataclass
-class InFlight:
-    plan: StepPlan
-    sent_s: float
-    back_to_back: bool = False  # launched while the replica had work since its previous step
-
-
-class Replica:
-    """One DP replica as the scheduler sees it: its scheduler, ring, doorbell and step in flight."""
-
-    def __init__(self, index: int, spec: SchedulerSpec, num_pages: int) -> None:
-        config = spec.config
-        model = config.model
-        eos = model.generation.eos_token_ids or ((model.eos_token_id,) if model.eos_token_id is not None
-                                                 else ())
-        self.index = index
-        self.num_pages = num_pages
-        self.tp_size = config.parallel.tp_size
-        # Async scheduling: the next step goes out while this one runs.
-        self.scheduler = Scheduler(config.scheduler, config.cache, num_pages, config.max_model_len,
-                                   eos_token_ids=eos, seed=config.seed + index, replica=index,
-                                   max_steps_in_flight=2 if config.scheduler.async_scheduling else 1)
-        sched = config.scheduler
-        max_pages = -(-config.max_model_len // config.cache.block_size)
-        # Room for a full step; penalty histories past this go as a frame on the doorbell instead.
-        slot_bytes = packed_plan_nbytes(sched.max_num_seqs, sched.max_num_batched_tokens, max_pages,
-                                        4 * sched.max_num_batched_tokens)
-        self.ring = StepRing.create(ring_name(spec.run_id, index), spec.ring_slots, slot_bytes, self.tp_size)
-        self.doorbell = PubChannel.bind(spec.doorbells[index], name=f"doorbell of replica {index}")
-        self.alive = True
-        self.down_reason: str | None = None
-        self.in_flight: deque[InFlight] = deque()  # oldest first; results come back in this order
-        self.plan_ahead = PlanAhead()  # async scheduling: when to plan the step behind the running one
-        self.has_work = False  # unfinished requests after the last step came back
-        self.step_execute_s = 0.0
-        self.step_wait_s = 0.0
-
-    def record_timings(self, flight: InFlight, timings_ms: dict[str, float]) -> None:
-        """Add a finished step's executor timings; its wait counts only after a back-to-back launch."""
-        self.step_execute_s += timings_ms.get("execute", 0.0) / 1e3
-        if flight.back_to_back:
-            self.step_wait_s += timings_ms.get("wait", 0.0) / 1e3
-
-    def executors(self, ranks: list[int] | None = None) -> str:
-        ranks = list(range(self.tp_size)) if ranks is None else ranks
-        return ", ".join(f"executor dp={self.index} tp={r}" for r in ranks)
-
-    def info(self) -> ReplicaInfo:
-        stats = self.scheduler.stats() if self.alive else None
-        return ReplicaInfo(self.index, self.alive, self.down_reason, self.num_pages, stats,
-                           self.step_execute_s, self.step_wait_s)
-
-    def close(self) -> None:
-        self.doorbell.close()
-        self.ring.close()
-        self.ring.unlink()
 
 
 class SchedulerProcess:
@@ -277,19 +216,18 @@ class SchedulerProcess:
     def watch(self) -> None:
         now = time.monotonic()
         for replica in self.replicas:
-            flight = replica.in_flight[0] if replica.in_flight else None
-            if replica.alive and flight is not None and now - flight.sent_s > self.step_timeout_s:
-                step_id = flight.plan.step_id
-                consumed = replica.ring.consumed_steps()
-                behind = [rank for rank, s in enumerate(consumed) if s < step_id] or [0]
-                self.take_down(replica.index, (
-                    f"{replica.executors(behind)} did not finish step {step_id} within "
-                    f"{self.step_timeout_s:g} s"))
+            flight = replica.overdue_step(now, self.step_timeout_s)
+            if flight is not None:
+                self.take_down(replica.index, replica.stuck_reason(flight, self.step_timeout_s))
+                killed = replica.kill_executors()
+                self.log.error("replica %d: killed its executors (pids %s) so their memory comes back",
+                               replica.index, killed)
         if now - self._last_status_s >= _STATUS_EVERY_S:
             self._last_status_s = now
             self.problems.flush()
             serving = any(r.alive for r in self.replicas)
-            self.outputs.send(SchedulerStatus(serving, [r.info() for r in self.replicas]))
+            self.outputs.send(SchedulerStatus(serving, [r.info(self.router.load_tokens[r.index])
+                                                        for r in self.replicas]))
             if not parent_alive(self._ppid):
                 self.log.warning("the launcher is gone; exiting")
                 self._stopping = True

@@ -40,8 +40,8 @@ class FakeLauncher:
     started: list = []
     address = ""
 
-    def __init__(self, config, options=None):
-        self.config, self.options = config, options
+    def __init__(self, config, options=None, on_fatal=None):
+        self.config, self.options, self.on_fatal = config, options, on_fatal
         self.endpoints = SimpleNamespace(tokenizer_frontend=FakeLauncher.address)
 
     def __enter__(self):
@@ -57,7 +57,7 @@ def served(monkeypatch):
     """Runs `cadence serve` with the fake launcher; yields what the HTTP checks saw."""
     seen = {}
 
-    def run_http(app, args):
+    def run_http(app, args, watch):
         with UvicornThread(app) as server:
             seen["args"] = args
             seen["models_open"] = get(server.port, "/v1/models")
@@ -97,7 +97,7 @@ def test_the_flag_key_wins_and_the_model_name_defaults_to_the_model(served, monk
 
 def test_a_startup_failure_is_one_line_and_exit_code_1(monkeypatch, capsys):
     @contextlib.contextmanager
-    def failing(args):
+    def failing(args, watch):
         raise RuntimeError("executor dp=0 tp=0 did not start: CUDA out of memory")
         yield
 
