@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from ipc.channels import PushChannel, SubChannel
 from ipc.codec import decode
 from procs.child import become, parent_alive, run_actor
+from procs.fault_injection import die, fault_for
 from procs.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
 from procs.plan_receiver import BadDoorbell, PlanReceiver, Step
 from procs.problem_log import ProblemLog
@@ -92,6 +93,9 @@ class Executor:
         # was one) never runs here, and the scheduler's step timeout names this rank as stuck.
         self.problems = ProblemLog(log)
         self.name = f"executor dp={spec.replica} tp={spec.rank}"
+        self.fault = fault_for(spec.replica, spec.rank)  # a drill: die at a chosen step
+        if self.fault is not None:
+            log.warning("fault drill: this executor will kill itself at %s", self.fault)
         self._ppid = os.getppid()
         doorbell = SubChannel.connect(spec.doorbell, name=f"doorbell of replica {spec.replica}",
                                       types=(StepReady, Ping, Stop))
@@ -140,6 +144,9 @@ class Executor:
 
     def launch(self, step: Step) -> Launched:
         """Queue one step on the device; an exception becomes the step's error result."""
+        if self.fault is not None and self.fault.fires(step.plan):
+            self.log.warning("fault drill: killing myself before step %d", step.step_id)
+            die()
         now = time.perf_counter()
         waited_ms = None if self._idle_since is None else (now - self._idle_since) * 1e3
         self._idle_since = None

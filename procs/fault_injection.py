@@ -1,0 +1,82 @@
+"""Fault drills: an executor that kills itself at a chosen kind of step, for tests and operators.
+
+Set CADENCE_INJECT_FAULT in the environment of the process that starts the launcher, e.g.
+
+    CADENCE_INJECT_FAULT="dp=1 tp=0 at=decode after=20" cadence serve --dp 2 ...
+
+and executor dp=1 tp=0 sends itself SIGKILL just before it launches the first step numbered 20 or
+later whose plan is of that kind: `prefill` (some request runs a chunk of its prompt that does not
+reach its end: a long chunked prefill), `mixed` (prompt chunks and one-token decodes in one step),
+`decode` (every request decodes one token) or `any`. A SIGKILL is what the kernel's OOM killer
+and a driver fault look like from outside: no cleanup, no goodbye. Unset, nothing is checked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.plan import StepPlan
+
+ENV = "CADENCE_INJECT_FAULT"
+STEP_KINDS = ("prefill", "mixed", "decode", "any")
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    replica: int
+    rank: int
+    at: str  # one of STEP_KINDS
+    after_step: int = 0
+
+    def __post_init__(self) -> None:
+        if self.at not in STEP_KINDS:
+            raise ValueError(f"{ENV}: at={self.at!r} is not one of {', '.join(STEP_KINDS)}")
+        if self.replica < 0 or self.rank < 0 or self.after_step < 0:
+            raise ValueError(f"{ENV}: dp, tp and after must be >= 0, got {self}")
+
+    @classmethod
+    def parse(cls, text: str) -> InjectedFault:
+        """From "dp=1 tp=0 at=decode after=20" (spaces or commas between the fields)."""
+        fields = {}
+        for item in text.replace(",", " ").split():
+            key, sep, value = item.partition("=")
+            if not sep or key not in ("dp", "tp", "at", "after"):
+                raise ValueError(f"{ENV}: cannot read {item!r}; expected dp=, tp=, at= and after=")
+            fields[key] = value
+        try:
+            return cls(int(fields.get("dp", 0)), int(fields.get("tp", 0)), fields.get("at", "any"),
+                       int(fields.get("after", 0)))
+        except ValueError as exc:
+            raise ValueError(f"{ENV}={text!r}: {exc}") from None
+
+    def fires(self, plan: StepPlan) -> bool:
+        return plan.step_id >= self.after_step and step_kind_matches(plan, self.at)
+
+
+def step_kind_matches(plan: StepPlan, kind: str) -> bool:
+    chunks = np.diff(plan.query_start[: plan.num_reqs + 1])
+    decodes = chunks == 1
+    if kind == "any":
+        return True
+    if kind == "decode":
+        return bool(decodes.all())
+    if kind == "mixed":
+        return bool(decodes.any() and (~decodes).any())
+    return bool(((chunks > 1) & (plan.logits_index[: plan.num_reqs] < 0)).any())  # prefill
+
+
+def fault_for(replica: int, rank: int) -> InjectedFault | None:
+    """The fault this executor is to suffer, from the environment; None for the others."""
+    text = os.environ.get(ENV)
+    if not text:
+        return None
+    fault = InjectedFault.parse(text)
+    return fault if (fault.replica, fault.rank) == (replica, rank) else None
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
