@@ -312,6 +312,8 @@ class AsyncClient:
             return
         self._failure = ClientError(reason)
         log.error("%s", reason)
+        if self._info is not None and not self._info.done():
+            self._info.set_exception(self._failure)
         for group in {id(g): g for g in self._groups.values()}.values():
             group._deliver(None)
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from api.protocol import ServedModel
 from api.server import DEFAULT_MAX_BODY_BYTES, ApiConfig, build_app
 
 API_KEY_ENV = "CADENCE_API_KEY"
+_EXIT_AFTER_ENGINE_STOPPED_S = 3.0
 log = logging.getLogger("cadence.api")
 
 
@@ -68,7 +70,8 @@ def api_config(args: argparse.Namespace, model: ServedModel, tokenizer_address: 
 class EngineWatch:
     """What `cadence serve` does when the engine dies under it (the launcher's on_fatal, called from
     its supervisor thread): every waiting request ends at once with a 503 naming the dead process,
-    /health answers 503, and the HTTP server stops, so the command exits 1 with that reason."""
+    /health answers 503, and 3 s later the HTTP server stops, so the command exits 1 with that
+    reason."""
 
     def __init__(self) -> None:
         self.reason: str | None = None
@@ -79,6 +82,12 @@ class EngineWatch:
         self.reason = reason
         if self.app is not None:
             self.app.state.server.engine_stopped(reason)
+        # A moment of 503s first: probes and load balancers see the server go, not a refused port.
+        timer = threading.Timer(_EXIT_AFTER_ENGINE_STOPPED_S, self._stop_http)
+        timer.daemon = True
+        timer.start()
+
+    def _stop_http(self) -> None:
         if self.http is not None:
             self.http.should_exit = True
 

@@ -164,14 +164,16 @@ class Launcher:
             timeout = self.options.shutdown_timeout_s
             if self.tokenizer is not None:
                 _stop(self.tokenizer, timeout)
+            relayed = False  # whether a live scheduler sent its executors Stop on the way out
             if self.scheduler is not None and self.scheduler.process.is_alive() and self.endpoints:
                 with contextlib.suppress(Exception), PushChannel.connect(
                         self.endpoints.scheduler_input, name="launcher to scheduler", send_timeout_s=1) as ch:
                     ch.send(Shutdown("the launcher is shutting down"))
                     self.scheduler.process.join(timeout)
+                    relayed = self.scheduler.process.exitcode == 0
                 _stop(self.scheduler, timeout)
-            for child in self.executors:  # the scheduler's Stop reached them; join in parallel
-                child.process.join(max(0.0, timeout))
+            for child in self.executors:  # Stop reached them (join in parallel), or SIGTERM does
+                child.process.join(timeout if relayed else 0.0)
                 _stop(child, timeout)
             cleanup_stale(run_prefix(self.run_id))
             if self.endpoints is not None:
