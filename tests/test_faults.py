@@ -46,10 +46,10 @@ def _workload() -> dict[str, tuple[dict, SamplingParams]]:
 WORKLOAD = _workload()
 
 
-def _config(dp: int = 1, tp: int = 1, async_on: bool = True, num_pages: int = 512):
+def _config(device: str, dp: int = 1, tp: int = 1, async_on: bool = True, num_pages: int = 512):
     config = tiny_config(dp=dp, tp=tp, num_pages=num_pages, max_model_len=MAX_MODEL_LEN, max_num_seqs=32)
-    return dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler,
-                                                                     async_scheduling=async_on))
+    return dataclasses.replace(config, device=device, scheduler=dataclasses.replace(
+        config.scheduler, async_scheduling=async_on))
 
 
 def _run(client: SystemClient, timeout_s: float = 240.0):
@@ -59,8 +59,14 @@ def _run(client: SystemClient, timeout_s: float = 240.0):
 
 
 @pytest.fixture(scope="module")
-def expected_tokens():
-    with Launcher(_config(), LaunchOptions(startup_timeout_s=180)) as launcher, \
+def device() -> str:
+    """Where the executors run; tests/gpu/test_gpu_faults.py runs this matrix again with "cuda"."""
+    return "cpu"
+
+
+@pytest.fixture(scope="module")
+def expected_tokens(device):
+    with Launcher(_config(device), LaunchOptions(startup_timeout_s=180)) as launcher, \
             SystemClient(launcher.endpoints.tokenizer_frontend) as client:
         results = _run(client)
     for key, result in results.items():
@@ -93,11 +99,12 @@ MATRIX = [  # id, dp, tp, the fault, async scheduling, KV pages per replica
 
 @pytest.mark.parametrize("dp,tp,fault,async_on,num_pages", [m[1:] for m in MATRIX],
                          ids=[m[0] for m in MATRIX])
-def test_a_killed_executor_of_a_dp2_server_costs_no_stream_a_token(expected_tokens, monkeypatch, dp, tp,
-                                                                    fault, async_on, num_pages):
+def test_a_killed_executor_of_a_dp2_server_costs_no_stream_a_token(device, expected_tokens, monkeypatch, dp,
+                                                                    tp, fault, async_on, num_pages):
     monkeypatch.setenv(ENV, fault)
     dead = InjectedFault.parse(fault)
-    with Launcher(_config(dp, tp, async_on, num_pages), LaunchOptions(startup_timeout_s=180)) as launcher, \
+    config = _config(device, dp, tp, async_on, num_pages)
+    with Launcher(config, LaunchOptions(startup_timeout_s=180)) as launcher, \
             SystemClient(launcher.endpoints.tokenizer_frontend) as client:
         results = _run(client)
         killed = launcher.replicas[dead.replica].executors[dead.rank].process
@@ -119,9 +126,9 @@ def test_a_killed_executor_of_a_dp2_server_costs_no_stream_a_token(expected_toke
         _wait_until_balanced(client)
 
 
-def test_a_killed_executor_of_a_dp1_server_ends_every_stream_with_an_error_within_20_s(monkeypatch):
+def test_a_killed_executor_of_a_dp1_server_ends_every_stream_with_an_error_within_20_s(device, monkeypatch):
     monkeypatch.setenv(ENV, "dp=0 tp=0 at=decode after=5")
-    with Launcher(_config(), LaunchOptions(startup_timeout_s=180)) as launcher, \
+    with Launcher(_config(device), LaunchOptions(startup_timeout_s=180)) as launcher, \
             SystemClient(launcher.endpoints.tokenizer_frontend) as client:
         results = _run(client, timeout_s=120)
         died_s = time.monotonic()  # an upper bound of the death: every stream has ended by now
