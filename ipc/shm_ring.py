@@ -303,6 +303,13 @@ class StepRing:
         self._last_written = plan.step_id
         return slot
 
+    def stuck_readers(self) -> list[int]:
+        """The readers that hold the next slot (they have not consumed the step it carries): write()
+        would wait on them. Empty when the next write goes through at once."""
+        self._buf()  # raises if closed
+        old_step = int(self._slot_step[self._next_slot])
+        return self._stuck_readers(old_step) if old_step >= 0 else []
+
     def _stuck_readers(self, step_id: int) -> list[int]:
         return [int(r) for r in np.flatnonzero(self._consumed < step_id)]
 

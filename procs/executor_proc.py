@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from ipc.channels import PushChannel, SubChannel
 from ipc.codec import decode
 from procs.child import become, parent_alive, run_actor
-from procs.fault_injection import die, fault_for
+from procs.fault_injection import fault_for, strike
 from procs.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
 from procs.plan_receiver import BadDoorbell, PlanReceiver, Step
 from procs.problem_log import ProblemLog
@@ -69,6 +69,10 @@ def _build_runner(spec: ExecutorSpec):
         spec.rank, tp_size, spec.dist_init_method, spec.dist_backend, timeout_s=spec.dist_timeout_s)
     config = dataclasses.replace(spec.config, device=spec.device)
     return ModelRunner(config, tp=tp, show_progress=spec.rank == 0, memory_share=spec.kv_memory_share)
+
+
+# An executor of a TP replica whose step raised exits with this code (see Executor.step_failed).
+TP_STEP_FAILED_EXIT_CODE = 70
 
 
 @dataclass
@@ -144,17 +148,31 @@ class Executor:
 
     def launch(self, step: Step) -> Launched:
         """Queue one step on the device; an exception becomes the step's error result."""
-        if self.fault is not None and self.fault.fires(step.plan):
-            self.log.warning("fault drill: killing myself before step %d", step.step_id)
-            die()
         now = time.perf_counter()
         waited_ms = None if self._idle_since is None else (now - self._idle_since) * 1e3
         self._idle_since = None
         try:
+            if self.fault is not None and self.fault.fires(step.plan):
+                self.log.warning("fault drill: %s at step %d", self.fault.action, step.step_id)
+                self.fault, fault = None, self.fault  # once
+                strike(fault, step.step_id)
             return Launched(step, self.runner.launch(step.plan), None, waited_ms)
         except Exception as exc:  # the step's requests fail with this message; the loop lives on
-            self.log.exception("step %d failed", step.step_id)
-            return Launched(step, None, f"{self.name}: {type(exc).__name__}: {exc}", waited_ms)
+            return Launched(step, None, self.step_failed(step, exc), waited_ms)
+
+    def step_failed(self, step: Step, exc: Exception) -> str:
+        """The error a failed step reports. On one rank its requests fail and the loop goes on. A
+        TP rank cannot go on: its peers may be waiting in a collective it never reached (or it
+        failed in one because a peer died), so the group is out of lockstep for good. It exits, the
+        launcher takes the replica down, and the replica's requests move to live ones."""
+        self.log.exception("step %d failed", step.step_id)
+        if self.spec.config.parallel.tp_size > 1:
+            self.log.error("%s: a failed step leaves the TP group of replica %d out of lockstep; exiting "
+                           "so that the replica is taken down and its requests move", self.name,
+                           self.spec.replica)
+            logging.shutdown()
+            os._exit(TP_STEP_FAILED_EXIT_CODE)
+        return f"{self.name}: {type(exc).__name__}: {exc}"
 
     def reply(self, launched: Launched) -> None:
         """Wait for a launched step and send its result: rank 0 always, any rank when it failed here
@@ -169,8 +187,7 @@ class Executor:
             try:
                 result = self.runner.finish(launched.handle)
             except Exception as exc:
-                self.log.exception("step %d failed", step.step_id)
-                error = f"{self.name}: {type(exc).__name__}: {exc}"
+                error = self.step_failed(step, exc)
         self.plans.done(step)  # the device has copied the plan's host data
         now = time.perf_counter()
         if error is not None:

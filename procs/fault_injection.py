@@ -4,8 +4,9 @@ Set CADENCE_INJECT_FAULT in the environment of the process that starts the launc
 
     CADENCE_INJECT_FAULT="dp=1 tp=0 at=decode after=20" cadence serve --dp 2 ...
 
-and executor dp=1 tp=0 sends itself SIGKILL just before it launches the first step numbered 20 or
-later whose plan is of that kind: `prefill` (some request runs a chunk of its prompt that does not
+and executor dp=1 tp=0 sends itself SIGKILL (or, with `do=raise`, raises an exception inside the
+step, as a CUDA error or a bug would) just before it launches the first step numbered 20 or later
+whose plan is of that kind: `prefill` (some request runs a chunk of its prompt that does not
 reach its end: a long chunked prefill), `mixed` (prompt chunks and one-token decodes in one step),
 `decode` (every request decodes one token) or `any`. A SIGKILL is what the kernel's OOM killer
 and a driver fault look like from outside: no cleanup, no goodbye. Unset, nothing is checked.
@@ -23,6 +24,11 @@ from core.plan import StepPlan
 
 ENV = "CADENCE_INJECT_FAULT"
 STEP_KINDS = ("prefill", "mixed", "decode", "any")
+ACTIONS = ("kill", "raise")
+
+
+class InjectedStepError(RuntimeError):
+    """What a `do=raise` drill raises inside a step."""
 
 
 @dataclass(frozen=True)
@@ -31,25 +37,28 @@ class InjectedFault:
     rank: int
     at: str  # one of STEP_KINDS
     after_step: int = 0
+    action: str = "kill"  # one of ACTIONS
 
     def __post_init__(self) -> None:
         if self.at not in STEP_KINDS:
             raise ValueError(f"{ENV}: at={self.at!r} is not one of {', '.join(STEP_KINDS)}")
+        if self.action not in ACTIONS:
+            raise ValueError(f"{ENV}: do={self.action!r} is not one of {', '.join(ACTIONS)}")
         if self.replica < 0 or self.rank < 0 or self.after_step < 0:
             raise ValueError(f"{ENV}: dp, tp and after must be >= 0, got {self}")
 
     @classmethod
     def parse(cls, text: str) -> InjectedFault:
-        """From "dp=1 tp=0 at=decode after=20" (spaces or commas between the fields)."""
+        """From "dp=1 tp=0 at=decode after=20 do=kill" (spaces or commas between the fields)."""
         fields = {}
         for item in text.replace(",", " ").split():
             key, sep, value = item.partition("=")
-            if not sep or key not in ("dp", "tp", "at", "after"):
-                raise ValueError(f"{ENV}: cannot read {item!r}; expected dp=, tp=, at= and after=")
+            if not sep or key not in ("dp", "tp", "at", "after", "do"):
+                raise ValueError(f"{ENV}: cannot read {item!r}; expected dp=, tp=, at=, after= and do=")
             fields[key] = value
         try:
             return cls(int(fields.get("dp", 0)), int(fields.get("tp", 0)), fields.get("at", "any"),
-                       int(fields.get("after", 0)))
+                       int(fields.get("after", 0)), fields.get("do", "kill"))
         except ValueError as exc:
             raise ValueError(f"{ENV}={text!r}: {exc}") from None
 
@@ -78,5 +87,8 @@ def fault_for(replica: int, rank: int) -> InjectedFault | None:
     return fault if (fault.replica, fault.rank) == (replica, rank) else None
 
 
-def die() -> None:
+def strike(fault: InjectedFault, step_id: int) -> None:
+    """Suffer the fault now: SIGKILL this process, or raise InjectedStepError."""
+    if fault.action == "raise":
+        raise InjectedStepError(f"fault drill: step {step_id} failed on purpose")
     os.kill(os.getpid(), signal.SIGKILL)

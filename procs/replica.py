@@ -57,6 +57,7 @@ class Replica:
         self.in_flight: deque[InFlight] = deque()  # oldest first; results come back in this order
         self.plan_ahead = PlanAhead()  # async scheduling: when to plan the step behind the running one
         self.has_work = False  # unfinished requests after the last step came back
+        self.ring_held_since: float | None = None  # since when a rank has held the ring's next slot
         self.step_execute_s = 0.0
         self.step_wait_s = 0.0
 
@@ -76,6 +77,23 @@ class Replica:
         if self.alive and flight is not None and now_s - flight.sent_s > timeout_s:
             return flight
         return None
+
+    def ring_free(self, now_s: float) -> bool:
+        """Whether the next plan can go into the ring at once; remembers since when it cannot."""
+        if self.ring.stuck_readers():
+            self.ring_held_since = self.ring_held_since or now_s
+            return False
+        self.ring_held_since = None
+        return True
+
+    def ring_stuck_reason(self, now_s: float, timeout_s: float) -> str | None:
+        """Why this replica is stuck if a rank has held the ring's next slot for over `timeout_s`."""
+        held = self.ring_held_since
+        if not self.alive or held is None or now_s - held <= timeout_s:
+            return None
+        stuck = self.ring.stuck_readers()
+        return (f"{self.executors(stuck)} did not take a step from the ring within {timeout_s:g} s"
+                if stuck else None)
 
     def stuck_reason(self, flight: InFlight, timeout_s: float) -> str:
         """Who is stuck on an overdue step, and where: before taking it, or inside it."""

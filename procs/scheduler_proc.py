@@ -54,7 +54,9 @@ _STATUS_EVERY_S = 0.2
 _IDLE_WAIT_S = 0.2
 _PING_EVERY_S = 0.1
 _HANDSHAKE_TIMEOUT_S = 60.0
-_RING_WRITE_TIMEOUT_S = 30.0
+# launch() plans a replica only when its ring's next slot is free, so a write never waits in
+# practice; this bounds it should a reader fall behind in between.
+_RING_WRITE_TIMEOUT_S = 1.0
 _RECEIVE_BUDGET_S = 0.005
 
 
@@ -173,6 +175,8 @@ class SchedulerProcess:
             while replica.alive and len(replica.in_flight) < replica.scheduler.max_steps_in_flight:
                 if not replica.plan_ahead.may_plan(time.monotonic(), len(replica.in_flight)):
                     break  # too early to freeze the next step's batch
+                if not replica.ring_free(time.monotonic()):
+                    break  # a rank still holds the slot: never block the loop (watch() times it)
                 plan = replica.scheduler.schedule()
                 if plan is None:
                     if not replica.in_flight:
@@ -217,8 +221,10 @@ class SchedulerProcess:
         now = time.monotonic()
         for replica in self.replicas:
             flight = replica.overdue_step(now, self.step_timeout_s)
-            if flight is not None:
-                self.take_down(replica.index, replica.stuck_reason(flight, self.step_timeout_s))
+            reason = (replica.stuck_reason(flight, self.step_timeout_s) if flight is not None
+                      else replica.ring_stuck_reason(now, self.step_timeout_s))
+            if reason is not None:
+                self.take_down(replica.index, reason)
                 killed = replica.kill_executors()
                 self.log.error("replica %d: killed its executors (pids %s) so their memory comes back",
                                replica.index, killed)

@@ -20,6 +20,7 @@ import pytest
 from system_client import SystemClient, tiny_config
 
 from core.sampling_params import SamplingParams
+from procs.executor_proc import TP_STEP_FAILED_EXIT_CODE
 from procs.fault_injection import ENV, InjectedFault, step_kind_matches
 from procs.launcher import Launcher, LaunchOptions
 
@@ -94,6 +95,8 @@ MATRIX = [  # id, dp, tp, the fault, async scheduling, KV pages per replica
     ("decode-sync", 2, 1, "dp=1 tp=0 at=decode after=6", False, 512),
     ("preemption", 2, 1, "dp=0 tp=0 at=mixed after=3", True, 96),
     ("tp-rank", 2, 2, "dp=1 tp=1 at=mixed after=3", True, 512),
+    # A step that raises on one TP rank: the group is out of lockstep, the rank exits.
+    ("tp-step-error", 2, 2, "dp=1 tp=1 at=decode after=4 do=raise", True, 512),
 ]
 
 
@@ -108,13 +111,14 @@ def test_a_killed_executor_of_a_dp2_server_costs_no_stream_a_token(device, expec
             SystemClient(launcher.endpoints.tokenizer_frontend) as client:
         results = _run(client)
         killed = launcher.replicas[dead.replica].executors[dead.rank].process
-        assert killed.exitcode == -9, "the fault never fired: no step of its kind came"
+        exit_code = -9 if dead.action == "kill" else TP_STEP_FAILED_EXIT_CODE
+        assert killed.exitcode == exit_code, "the fault never fired: no step of its kind came"
         for key, result in results.items():
             assert result.error is None and result.finish_reason == "length", (key, result)
             assert result.token_ids == expected_tokens[key], f"{key} changed on its way to a live replica"
         info = client.info()
         assert info.serving and [r.alive for r in info.replicas].count(False) == 1
-        assert f"executor dp={dead.replica} tp={dead.rank} exited with code -9" in \
+        assert f"executor dp={dead.replica} tp={dead.rank} exited with code {exit_code}" in \
             info.replicas[dead.replica].reason
         live = next(r for r in info.replicas if r.alive)
         if num_pages < 512:
@@ -161,7 +165,7 @@ def test_step_kinds_are_told_apart_from_the_plan():
 
 
 @pytest.mark.parametrize("text,message", [("dp=1 tp=0 at=later", "not one of"), ("dp=x", "invalid literal"),
-                                          ("when=now", "cannot read")])
+                                          ("when=now", "cannot read"), ("do=explode", "do='explode'")])
 def test_a_malformed_fault_drill_is_refused_with_the_field(text, message):
     with pytest.raises(ValueError, match=message):
         InjectedFault.parse(text)

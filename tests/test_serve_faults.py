@@ -14,10 +14,10 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
+from benchmarks.processes import descendants
 from ipc.shm_ring import SHM_DIR
 
 
@@ -25,27 +25,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _descendants(pid: int) -> dict[int, str]:
-    """Every living descendant of `pid`, with its command line (the engine's processes set titles)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-            except OSError:
-                continue
-            parents[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
-    found, frontier = {}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, (ppid, cmdline) in parents.items():
-            if ppid == parent and child not in found:
-                found[child] = cmdline
-                frontier.append(child)
-    return found
 
 
 def _get(port: int, path: str) -> tuple[int, dict]:
@@ -93,7 +72,7 @@ def test_a_dead_scheduler_or_tokenizer_fails_the_streams_turns_health_503_and_ex
         while len(events) < 3:
             assert time.monotonic() < deadline + 60, "the stream never started"
             time.sleep(0.05)
-        pid = next(p for p, cmdline in _descendants(server.pid).items() if cmdline.startswith(victim))
+        pid = next(p for p, cmdline in descendants(server.pid).items() if cmdline.startswith(victim))
         os.kill(pid, signal.SIGKILL)
         killed_s = time.monotonic()
         statuses = []
@@ -114,5 +93,5 @@ def test_a_dead_scheduler_or_tokenizer_fails_the_streams_turns_health_503_and_ex
             server.kill()
             server.communicate()
     time.sleep(0.5)
-    assert _descendants(server.pid) == {}
+    assert descendants(server.pid) == {}
     assert [n for n in os.listdir(SHM_DIR) if n.startswith(f"cadence-{server.pid}-")] == []
