@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -123,16 +124,30 @@ def serve(args: argparse.Namespace) -> int:
     # The engine's processes read their level from the environment they inherit (debug: a step trace).
     os.environ.setdefault("CADENCE_LOG_LEVEL", args.log_level.upper())
     watch = EngineWatch()
-    with _start_engine(args, watch) as (model, tokenizer_address):
-        config = api_config(args, model, tokenizer_address)
-        log.info("serving %s on http://%s:%d (tokenizer at %s)%s", model.name, args.host, args.port,
-                 tokenizer_address, ", API key required" if config.api_key else "")
-        watch.app = build_app(config)
-        _run_http(watch.app, args, watch)
+    # uvicorn stops gracefully on SIGTERM, then raises it again once it has restored this handler:
+    # this turns it into an exception, so the engine is shut down in order and its files removed.
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with _start_engine(args, watch) as (model, tokenizer_address):
+            config = api_config(args, model, tokenizer_address)
+            log.info("serving %s on http://%s:%d (tokenizer at %s)%s", model.name, args.host, args.port,
+                     tokenizer_address, ", API key required" if config.api_key else "")
+            watch.app = build_app(config)
+            _run_http(watch.app, args, watch)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if watch.reason is not None:
         print(f"cadence {args.command}: stopped because {watch.reason}", file=sys.stderr)
         return 1
     return 0
+
+
+class Terminated(Exception):  # noqa: N818 - a signal, not an error
+    """SIGTERM: stop serving and shut the engine down in order."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args)
     except KeyboardInterrupt:
         return 130
+    except Terminated:
+        return 0
     except Exception as exc:  # a startup failure: say what, not a traceback
         if args.log_level == "debug":
             raise

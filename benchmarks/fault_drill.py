@@ -116,7 +116,10 @@ async def drill(args: argparse.Namespace, load_args: argparse.Namespace) -> dict
         return _report(args, command, run, start, duration, killed, health)
     finally:
         await probe.close()
-        server.send_signal(signal.SIGINT)
+        try:  # a server whose scheduler or tokenizer was killed exits by itself, naming it
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.send_signal(signal.SIGINT)
         try:
             server.wait(60)
         except subprocess.TimeoutExpired:
@@ -132,6 +135,8 @@ def _report(args, command, run, start, duration, killed, health) -> dict:
     moved = [t for _, t in requests if kill_s is not None and t.sent_s - start < kill_s
              and (t.done_s is None or t.done_s - start > kill_s)]
     after_kill = [t.done_s - start - kill_s for t in moved if t.ok]
+    # Every stream in flight ends, completed or with an error event (a DP=1 server has no replica left).
+    ended_after_kill = [t.done_s - start - kill_s for t in moved if t.done_s is not None]
     return {
         "command": " ".join(command),
         "kill": args.kill,
@@ -145,6 +150,8 @@ def _report(args, command, run, start, duration, killed, health) -> dict:
         "in_flight_at_kill": len(moved),
         "moved_completed": len(after_kill),
         "moved_end_after_kill_s": _percentiles(after_kill),
+        "in_flight_ended": len(ended_after_kill),
+        "in_flight_end_after_kill_s": _percentiles(ended_after_kill),
         "health": [[round(t, 2), status] for t, status in health],
         "health_not_200": [[round(t, 2), status] for t, status in health if status != 200],
     }

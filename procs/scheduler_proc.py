@@ -282,8 +282,11 @@ class SchedulerProcess:
         replica = self.replicas[done.replica] if 0 <= done.replica < len(self.replicas) else None
         flight = replica.in_flight[0] if replica is not None and replica.in_flight else None
         if replica is None or flight is None or flight.plan.step_id != done.step_id:
-            self.log.info("ignored a result for step %d of replica %d, which is not the oldest in flight",
-                          done.step_id, done.replica)
+            if replica is not None and not replica.alive:
+                return  # a late result of a replica taken down: its requests are elsewhere now
+            self.problems.warning("result of a step not in flight", (
+                f"step {done.step_id} of replica {done.replica} from tp={done.rank}, but the oldest step "
+                f"in flight there is {flight.plan.step_id if flight else None}"))
             return
         plan = flight.plan
         try:
