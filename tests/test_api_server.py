@@ -283,6 +283,19 @@ def test_an_engine_error_is_a_500_or_an_error_event(port):
     assert events[-3]["choices"][0]["finish_reason"] == "abort"
 
 
+def test_a_stream_whose_engine_goes_silent_ends_with_a_timeout_event(fake):
+    """No open socket that says nothing: a stream that gets no output for the request timeout
+    ends with an error event and [DONE]."""
+    with UvicornThread(build_app(ApiConfig(MODEL, fake.address, timeout_s=0.5))) as server:
+        start = time.monotonic()
+        events = sse_events(post(server.port, "/v1/completions", {"prompt": "GO_SILENT", "stream": True,
+                                                                 "max_tokens": 50}))
+    assert time.monotonic() - start < 5
+    assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "timeout_error"
+    assert "sent nothing" in events[-2]["error"]["message"]
+    assert any(e.get("choices") and e["choices"][0]["text"] for e in events[:-2])  # it had started
+
+
 def test_a_silent_tokenizer_gives_504_and_503_naming_its_address(tmp_path):
     address = f"ipc://{tmp_path}/nobody.sock"
     config = ApiConfig(MODEL, address, timeout_s=0.3, info_timeout_s=0.2)
