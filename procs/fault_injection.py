@@ -4,8 +4,9 @@ Set CADENCE_INJECT_FAULT in the environment of the process that starts the launc
 
     CADENCE_INJECT_FAULT="dp=1 tp=0 at=decode after=20" cadence serve --dp 2 ...
 
-and executor dp=1 tp=0 sends itself SIGKILL (or, with `do=raise`, raises an exception inside the
-step, as a CUDA error or a bug would) just before it launches the first step numbered 20 or later
+and executor dp=1 tp=0 sends itself SIGKILL (with `do=raise` it raises an exception inside the
+step, as a CUDA error or a bug would; with `do=hang` it stops itself with SIGSTOP, as a wedged GPU
+or a deadlock would look: alive, silent) just before it launches the first step numbered 20 or later
 whose plan is of that kind: `prefill` (some request runs a chunk of its prompt that does not
 reach its end: a long chunked prefill), `mixed` (prompt chunks and one-token decodes in one step),
 `decode` (every request decodes one token) or `any`. A SIGKILL is what the kernel's OOM killer
@@ -24,7 +25,7 @@ from core.plan import StepPlan
 
 ENV = "CADENCE_INJECT_FAULT"
 STEP_KINDS = ("prefill", "mixed", "decode", "any")
-ACTIONS = ("kill", "raise")
+ACTIONS = ("kill", "raise", "hang")
 
 
 class InjectedStepError(RuntimeError):
@@ -88,7 +89,7 @@ def fault_for(replica: int, rank: int) -> InjectedFault | None:
 
 
 def strike(fault: InjectedFault, step_id: int) -> None:
-    """Suffer the fault now: SIGKILL this process, or raise InjectedStepError."""
+    """Suffer the fault now: SIGKILL or SIGSTOP this process, or raise InjectedStepError."""
     if fault.action == "raise":
         raise InjectedStepError(f"fault drill: step {step_id} failed on purpose")
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGSTOP if fault.action == "hang" else signal.SIGKILL)

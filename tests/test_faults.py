@@ -150,6 +150,23 @@ def test_a_killed_executor_of_a_dp1_server_ends_every_stream_with_an_error_withi
         assert not client.info().serving
 
 
+def test_a_hung_executor_is_named_killed_and_its_requests_move_after_the_step_timeout(
+        device, expected_tokens, monkeypatch):
+    monkeypatch.setenv(ENV, "dp=1 tp=0 at=decode after=4 do=hang")
+    options = LaunchOptions(startup_timeout_s=180, step_timeout_s=5.0)
+    with Launcher(_config(device, dp=2), options) as launcher, \
+            SystemClient(launcher.endpoints.tokenizer_frontend) as client:
+        results = _run(client)
+        for key, result in results.items():
+            assert result.error is None and result.token_ids == expected_tokens[key], key
+        hung = launcher.replicas[1].executors[0].process
+        hung.join(5)
+        assert hung.exitcode == -9, "the scheduler should have killed the hung executor"
+        reason = client.info().replicas[1].reason
+        assert "executor dp=1 tp=0" in reason and "within 5 s" in reason, reason
+        _wait_until_balanced(client)
+
+
 def test_step_kinds_are_told_apart_from_the_plan():
     from plans import Chunk, make_plan
 
