@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from benchmarks.processes import descendants
+from benchmarks.processes import find_by_title, remember, survivors
 from ipc.shm_ring import SHM_DIR
 
 
@@ -73,8 +73,8 @@ def test_a_dead_process_fails_the_streams_and_turns_health_503(victim):
         while len(events) < 3:
             assert time.monotonic() < deadline + 60, "the stream never started"
             time.sleep(0.05)
-        pid = next(p for p, cmdline in descendants(server.pid).items() if cmdline.startswith(victim))
-        os.kill(pid, signal.SIGKILL)
+        processes = remember(server.pid)
+        os.kill(find_by_title(server.pid, victim), signal.SIGKILL)
         killed_s = time.monotonic()
         statuses = []
         while not statuses or statuses[-1] != 503:
@@ -101,6 +101,5 @@ def test_a_dead_process_fails_the_streams_and_turns_health_503(victim):
         if server.poll() is None:
             server.kill()
             server.communicate()
-    time.sleep(0.5)
-    assert descendants(server.pid) == {}
+    assert survivors(processes, wait_s=5) == []
     assert [n for n in os.listdir(SHM_DIR) if n.startswith(f"cadence-{server.pid}-")] == []
