@@ -99,7 +99,7 @@ class Executor:
         self.name = f"executor dp={spec.replica} tp={spec.rank}"
         self.fault = fault_for(spec.replica, spec.rank)  # a drill: die at a chosen step
         if self.fault is not None:
-            log.warning("fault drill: this executor will kill itself at %s", self.fault)
+            log.warning("fault drill armed: %s", self.fault)
         self._ppid = os.getppid()
         doorbell = SubChannel.connect(spec.doorbell, name=f"doorbell of replica {spec.replica}",
                                       types=(StepReady, Ping, Stop))
