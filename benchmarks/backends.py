@@ -15,6 +15,38 @@ import orjson
 
 from benchmarks.datasets import RequestSpec
 
+SAMPLING_MODES = ("greedy", "model-defaults")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What every request of a run asks for: greedy (temperature 0), or nothing at all so that the
+    server applies the checkpoint's generation_config defaults (Qwen3: temperature 0.6, top_p 0.95,
+    top_k 20), as users of the OpenAI API do; temperature, top_p and top_k given explicitly are
+    sent on top of either."""
+
+    mode: str = "greedy"
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in SAMPLING_MODES:
+            raise ValueError(f"sampling mode {self.mode!r} is not one of {', '.join(SAMPLING_MODES)}")
+
+    def fields(self) -> dict[str, float | int]:
+        """The request body's sampling fields (the SamplingParams arguments, for the native client)."""
+        fields: dict[str, float | int] = {"temperature": 0.0} if self.mode == "greedy" else {}
+        for name in ("temperature", "top_p", "top_k"):
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value
+        return fields
+
+    def describe(self) -> dict[str, object]:
+        """For the result JSON: the mode and exactly what each request sent."""
+        return {"mode": self.mode, "sent": self.fields()}
+
 
 @dataclass
 class RequestTiming:
@@ -45,9 +77,11 @@ class ServerGauges:
 class HttpBackend:
     """POST /v1/completions (token ids) or /v1/chat/completions (multi-turn), stream=true."""
 
-    def __init__(self, base_url: str, api_key: str | None, timeout_s: float) -> None:
+    def __init__(self, base_url: str, api_key: str | None, timeout_s: float,
+                 sampling: Sampling = Sampling()) -> None:
         import aiohttp
 
+        self.sampling_fields = sampling.fields()
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session = aiohttp.ClientSession(
@@ -68,7 +102,7 @@ class HttpBackend:
         body = {
             "model": self.model,
             "max_tokens": spec.output_len,
-            "temperature": 0.0,
+            **self.sampling_fields,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -147,9 +181,14 @@ class HttpBackend:
 class ZmqBackend:
     """The native client (api.client.AsyncClient) on the tokenizer's address; no HTTP."""
 
-    def __init__(self, address: str, timeout_s: float) -> None:
+    def __init__(self, address: str, timeout_s: float, sampling: Sampling = Sampling()) -> None:
         from api.async_client import AsyncClient
 
+        if sampling.mode == "model-defaults":
+            # The checkpoint's defaults are applied by the OpenAI API; a native request says all.
+            raise ValueError("--sampling model-defaults needs the http backend: native requests carry "
+                             "their sampling parameters whole (give --temperature, --top-p, --top-k)")
+        self.sampling_fields = sampling.fields()
         self._client = AsyncClient(address, timeout_s=timeout_s, name="load generator")
         self._ids = 0
 
@@ -164,7 +203,7 @@ class ZmqBackend:
         from procs.messages import ChatTurn, GenerateOutput, GenerateRequest
 
         self._ids += 1
-        params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, **self.sampling_fields)
         if spec.prompt_token_ids is not None:
             request = GenerateRequest(
                 f"load-{self._ids}", params, prompt_token_ids=spec.prompt_token_ids, detokenize=False

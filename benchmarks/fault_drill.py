@@ -86,7 +86,7 @@ async def drill(args: argparse.Namespace, load_args: argparse.Namespace) -> dict
     health: list[tuple[float, int | str]] = []
     try:
         await _wait_healthy(probe, base_url, server, args.startup_timeout)
-        backend = HttpBackend(base_url, None, load_args.timeout)
+        backend = HttpBackend(base_url, None, load_args.timeout, load.sampling_of(load_args))
         await backend.start()
         specs = load.build_dataset(load_args)
         run = load.LoadRun(load_args, backend)

@@ -26,7 +26,14 @@ import time
 
 import numpy as np
 
-from benchmarks.backends import HttpBackend, RequestTiming, ServerGauges, ZmqBackend
+from benchmarks.backends import (
+    SAMPLING_MODES,
+    HttpBackend,
+    RequestTiming,
+    Sampling,
+    ServerGauges,
+    ZmqBackend,
+)
 from benchmarks.datasets import (
     RequestSpec,
     multi_turn_dataset,
@@ -130,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)"
     )
+    p.add_argument(
+        "--sampling",
+        choices=SAMPLING_MODES,
+        default="greedy",
+        help="greedy (temperature 0), or model-defaults: send no sampling field, so the server applies "
+        "the checkpoint's generation_config as it does for users (http backend; default greedy)",
+    )
+    p.add_argument("--temperature", type=float, help="sent with every request (overrides --sampling's)")
+    p.add_argument("--top-p", type=float, help="sent with every request")
+    p.add_argument("--top-k", type=int, help="sent with every request")
     p.add_argument("--warmup", type=int, default=2, help="requests sent and discarded first (default 2)")
     p.add_argument("--seed", type=int, default=0, help="dataset and arrivals (default 0)")
     p.add_argument(
@@ -155,6 +172,10 @@ def build_dataset(args: argparse.Namespace) -> list[RequestSpec]:
             args.seed,
         )
     return multi_turn_dataset(args.conversations, args.turns, 12, args.output_len, args.seed)
+
+
+def sampling_of(args: argparse.Namespace) -> Sampling:
+    return Sampling(args.sampling, args.temperature, args.top_p, args.top_k)
 
 
 class LoadRun:
@@ -246,9 +267,12 @@ async def main_async(args: argparse.Namespace) -> dict:
     if args.backend == "zmq":
         if not args.zmq_address:
             raise SystemExit("--backend zmq needs --zmq-address (the server prints it at start)")
-        backend = ZmqBackend(args.zmq_address, args.timeout)
+        try:
+            backend = ZmqBackend(args.zmq_address, args.timeout, sampling_of(args))
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
     else:
-        backend = HttpBackend(args.base_url, args.api_key, args.timeout)
+        backend = HttpBackend(args.base_url, args.api_key, args.timeout, sampling_of(args))
     await backend.start()
     try:
         specs = build_dataset(args)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from benchmarks.backends import ServerGauges
+from benchmarks.backends import Sampling, ServerGauges
 from benchmarks.datasets import ideal_prefix_hit_rate
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ def summarize(
         "label": args.label,
         "backend": args.backend,
         "dataset": args.dataset,
+        "sampling": Sampling(args.sampling, args.temperature, args.top_p, args.top_k).describe(),
         "settings": {
             k: v if not (isinstance(v, float) and math.isinf(v)) else "inf" for k, v in vars(args).items()
         },
@@ -127,9 +128,17 @@ def summarize(
     return result
 
 
+def sampling_text(sampling: dict | None) -> str:
+    if sampling is None:
+        return "greedy"  # results written before the load tool could sample
+    sent = ", ".join(f"{k} {v:g}" for k, v in sampling["sent"].items())
+    return f"{sampling['mode']}" + (f" ({sent})" if sent else "")
+
+
 def print_table(result: dict) -> None:
     rows = [
         ("completed / failed", f"{result['completed']} / {result['failed']}"),
+        ("sampling", sampling_text(result.get("sampling"))),
         ("duration", f"{result['duration_s']:.2f} s"),
         ("max concurrency reached", str(result["max_concurrency_reached"])),
         ("request throughput", f"{result['request_throughput']:.2f} req/s"),

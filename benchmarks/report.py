@@ -19,8 +19,10 @@ import os
 import platform
 import subprocess
 
-ORDER = ("chat", "c1", "c16", "c64", "c302", "c1_sync", "c302_sync", "prefix_on", "prefix_on_sync",
-         "prefix_off", "dp2", "peer_cadence", "tp2")
+from benchmarks.load_summary import sampling_text
+
+ORDER = ("chat", "c1", "c1_defaults", "c16", "c64", "c302", "c302_defaults", "c1_sync", "c302_sync",
+         "prefix_on", "prefix_on_sync", "prefix_off", "dp2", "peer_cadence", "tp2")
 _BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time")
 
 # Issue targets (Qwen3-14B, bf16, one H200) and vLLM's figures on the same workloads.
@@ -94,10 +96,10 @@ def markdown(figures: dict, notes: str) -> str:
         lines += [
             "## Load runs",
             "",
-            "| run | done/failed | req/s | output tok/s | total tok/s | TTFT median / p99 ms | "
+            "| run | sampling | done/failed | req/s | output tok/s | total tok/s | TTFT median / p99 ms | "
             "TPOT median / p99 ms | ITL p99 ms | E2E median / p99 ms | max conc. | prefix hit | "
             "KV mean / peak | GPU idle between steps |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for key in runs:
             r = figures[key]
@@ -107,7 +109,8 @@ def markdown(figures: dict, notes: str) -> str:
             wait = r.get("step_wait")
             wait_text = "n/a" if wait is None else f"{wait['fraction']:.1%}"
             lines.append(
-                f"| {key} | {r['completed']}/{r['failed']} | {_fmt(r['request_throughput'], 2)} | "
+                f"| {key} | {sampling_text(r.get('sampling'))} | {r['completed']}/{r['failed']} | "
+                f"{_fmt(r['request_throughput'], 2)} | "
                 f"{_fmt(r['output_throughput'])} | {_fmt(r['total_token_throughput'])} | "
                 f"{_fmt(r['ttft_ms']['median'])} / {_fmt(r['ttft_ms']['p99'])} | "
                 f"{_fmt(r['tpot_ms']['median'], 2)} / {_fmt(r['tpot_ms']['p99'], 2)} | "

@@ -9,6 +9,8 @@ Runs (the performance report's keys):
   chat                 one conversation of two chat turns through /v1/chat/completions, 128 tokens each
   c1, c16, c64, c302   random 1,784 in / 256 out at that concurrency (c302: 1,000 prompts)
   c1_sync, c302_sync   c1 and c302 one step at a time (--no-async-scheduling)
+  c1_defaults,         c1 and c302 sampled at the checkpoint's defaults (--sampling model-defaults)
+  c302_defaults
   prefix_on/off        shared-prefix: 64 groups x 16 prompts, 2,048-token system, 128 question, 256 out,
                        with the prefix cache on and off
   prefix_on_sync       prefix_on's prompts one step at a time (--no-async-scheduling)
@@ -78,6 +80,12 @@ RUNS = {
                           1024, "prefix_on"),
     "c302_sync": Run("c302_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "302"), 1000,
                      "c302"),
+    # The same prompts sampled as users do: no sampling field, so the server applies the checkpoint's
+    # generation_config (Qwen3: temperature 0.6, top_p 0.95, top_k 20).
+    "c1_defaults": Run("c1_defaults", (), (*RANDOM, "--max-concurrency", "1", "--sampling", "model-defaults"),
+                       16, "c1"),
+    "c302_defaults": Run("c302_defaults", (), (*RANDOM, "--max-concurrency", "302", "--sampling",
+                                               "model-defaults"), 1000, "c302"),
 }
 
 

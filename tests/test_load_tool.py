@@ -11,6 +11,7 @@ from system_client import tiny_config
 from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
 from benchmarks import load
+from benchmarks.backends import Sampling, ZmqBackend
 from benchmarks.datasets import ideal_prefix_hit_rate, random_dataset, shared_prefix_dataset
 from procs.launcher import Launcher, LaunchOptions
 
@@ -125,3 +126,28 @@ def test_help_explains_every_flag():
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
             assert action.help and len(action.help) > 10, f"{action.option_strings} has no help"
+
+
+def test_sampling_is_greedy_unless_asked_and_model_defaults_send_nothing():
+    assert Sampling().fields() == {"temperature": 0.0}
+    assert Sampling("model-defaults").fields() == {}
+    assert Sampling("model-defaults", top_k=5).fields() == {"top_k": 5}
+    assert Sampling("greedy", temperature=0.6, top_p=0.95, top_k=20).fields() == {
+        "temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    with pytest.raises(ValueError, match="model-defaults needs the http backend"):
+        ZmqBackend("ipc:///nowhere", 1.0, Sampling("model-defaults"))
+    with pytest.raises(SystemExit, match="model-defaults needs the http backend"):
+        load.main(["--backend", "zmq", "--zmq-address", "ipc:///nowhere", "--sampling", "model-defaults"])
+
+
+def test_a_run_at_the_model_defaults_and_a_seeded_one_are_recorded_as_such(system):
+    address, port = system
+    common = ["--dataset", "random", "--num-prompts", "6", "--input-len", "16", "--output-len", "4",
+              "--max-concurrency", "3", "--no-progress", "--warmup", "1"]
+    http = load.main(["--backend", "http", "--base-url", f"http://127.0.0.1:{port}", "--sampling",
+                      "model-defaults", *common])
+    assert http["completed"] == 6 and http["failed"] == 0
+    assert http["sampling"] == {"mode": "model-defaults", "sent": {}}
+    native = _run(address, "--temperature", "0.6", "--top-p", "0.95", "--top-k", "20", *common)
+    assert native["completed"] == 6
+    assert native["sampling"] == {"mode": "greedy", "sent": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}}
