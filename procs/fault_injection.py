@@ -1,4 +1,4 @@
-"""Fault drills: an executor that kills itself at a chosen kind of step, for tests and operators.
+"""Fault drills: an executor that dies, fails or hangs at a chosen kind of step, for tests and operators.
 
 Set CADENCE_INJECT_FAULT in the environment of the process that starts the launcher, e.g.
 

@@ -8,9 +8,10 @@ own doorbell; its TP ranks read the same slot and run the same step. Replicas st
 up to two steps in flight per replica with async scheduling (else one; the second planned shortly
 before the first is expected to end, core/plan_ahead.py), results back in order,
 nothing shared between replicas, no barrier. A replica whose executor dies (the launcher sends
-ReplicaDown) or whose step outlives `step_timeout_s` is taken down; its requests move to live
-replicas and are recomputed there, as after a preemption, so their streams simply continue. With
-no live replica left, every request ends with an error that says why.
+ReplicaDown), or whose step or held ring slot outlives `step_timeout_s` (procs/replica.py), is
+taken down; its requests move to live replicas and are recomputed there, as after a preemption,
+so their streams simply continue. With no live replica left, every request ends with an error
+that says why.
 """
 
 from __future__ import annotations
