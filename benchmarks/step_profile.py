@@ -8,7 +8,10 @@ For each decode batch (every request one new token at `--context` tokens of cont
   eager     the same forward launched kernel by kernel (no graph);
   kernels   torch.profiler's sum of GPU kernel time inside one graph replay, by category (linear
             products, attention, norms/RoPE/activation and other elementwise, sampler), and the
-            gap: graph time minus kernel time, i.e. the GPU idling between the graph's kernels.
+            gap: graph time minus kernel time, i.e. the GPU idling between the graph's kernels;
+  sampler   per sampling mode (greedy; Qwen3's defaults: temperature 0.6, top_p 0.95, top_k 20): the
+            sampler alone on the step's logits (its graph where the step can use it, CUDA-event
+            median; the eager sampler beside it), its share of graph + sampler, and execute again.
 Plus one prefill of `--prefill-len` tokens (the TTFT's GPU share at concurrency 1) with the same
 breakdown. The floor is every weight byte read once at 4.3 TB/s.
 """
@@ -27,12 +30,17 @@ import torch
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from core.plan import StepPlan
 from core.runner import ModelRunner
+from core.sampler import SamplingTensors
+
+# Sampling modes profiled: name -> (temperature, top_p, top_k); "defaults" is Qwen3's generation_config.
+SAMPLING_MODES = {"greedy": (0.0, 1.0, 0), "defaults": (0.6, 0.95, 20)}
 
 CEILING_TB_S = 4.3
 CATEGORIES = (  # first match wins; kernel names lower-cased
     ("linear", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "splitk", "matmul")),
     ("attention", ("decode", "extend", "attention", "kv_write", "flash")),
-    ("sampler", ("argmax", "argmin", "topk", "sort", "softmax", "scatter", "gather")),
+    ("sampler", ("argmax", "argmin", "topk", "sort", "softmax", "scatter", "gather", "candidates",
+                 "full_rows")),
     ("norm_rope_act", ("rms", "rope", "silu", "norm", "fused")),
 )
 
@@ -126,6 +134,30 @@ def kernel_breakdown(fn) -> tuple[dict[str, float], int, list[tuple[str, float]]
     return totals, count, [(name[:90], ms) for name, ms in top]
 
 
+def with_sampling(plan: StepPlan, mode: str) -> StepPlan:
+    temperature, top_p, top_k = SAMPLING_MODES[mode]
+    batch = plan.num_reqs
+    return dataclasses.replace(
+        plan, temperature=np.full(batch, temperature, np.float32), top_p=np.full(batch, top_p, np.float32),
+        top_k=np.full(batch, top_k, np.int32), seed=np.arange(batch, dtype=np.int64) * 7919)
+
+
+def profile_sampler(runner: ModelRunner, plan: StepPlan, repeats: int) -> dict:
+    """The sampler's milliseconds on this step's logits, per sampling mode."""
+    out = {}
+    for mode in SAMPLING_MODES:
+        sampled = with_sampling(plan, mode)
+        logits, rows = runner.forward_logits(sampled)
+        st = SamplingTensors.from_plan(sampled, rows, runner.device)
+        eager_ms = cuda_ms(lambda: runner.sampler(logits, st), repeats)  # noqa: B023
+        graphs = runner.graphs
+        in_graph = graphs is not None and graphs.can_run(sampled) and graphs.can_sample(st)
+        sampler_ms = cuda_ms(lambda: graphs.sample(st), repeats) if in_graph else eager_ms  # noqa: B023
+        out[mode] = {"sampler_ms": sampler_ms, "sampler_in_graph": in_graph, "sampler_eager_ms": eager_ms,
+                     "execute_ms": wall_ms(lambda: runner.execute(sampled), repeats)}  # noqa: B023
+    return out
+
+
 def profile_decode(runner: ModelRunner, plan: StepPlan, repeats: int) -> dict:
     row: dict = {"batch": plan.num_reqs}
     graphs = runner.graphs
@@ -135,6 +167,10 @@ def profile_decode(runner: ModelRunner, plan: StepPlan, repeats: int) -> dict:
         row["kernels_from"] = "graph replay"
         row["gap_ms"] = row["graph_ms"] - sum(row["kernels_ms"].values())
     row["execute_ms"] = wall_ms(lambda: runner.execute(plan), repeats)
+    row["sampling"] = profile_sampler(runner, plan, repeats)
+    forward_ms = row.get("graph_ms")
+    for mode in row["sampling"].values():
+        mode["share"] = mode["sampler_ms"] / (forward_ms + mode["sampler_ms"]) if forward_ms else None
     runner.graphs = None  # eager: the same forward, kernel by kernel
     try:
         row["eager_ms"] = wall_ms(lambda: runner.forward_logits(plan), max(3, repeats // 4))
@@ -221,6 +257,13 @@ def main() -> None:
         print(f"{row['batch']:5d} {row.get('graph_ms', float('nan')):7.2f} {row['execute_ms']:8.2f} "
               f"{row['eager_ms']:7.2f} {row.get('num_kernels', 0):7d} "
               + " ".join(f"{k.get(c, 0.0):13.2f}" for c in cats) + f" {row.get('gap_ms', float('nan')):6.2f}")
+    print("\nsampler per decode step (graph where the step can use it; eager beside it):")
+    print(f"{'batch':>5s} {'mode':>9s} {'sampler':>8s} {'eager':>7s} {'share':>6s} {'execute':>8s}")
+    for row in report["decode"]:
+        for mode, s in row["sampling"].items():
+            share = f"{100 * s['share']:5.1f}%" if s["share"] is not None else "    - "
+            print(f"{row['batch']:5d} {mode:>9s} {s['sampler_ms']:8.3f} {s['sampler_eager_ms']:7.3f} "
+                  f"{share} {s['execute_ms']:8.2f}")
     prefill = report["prefill"]
     k = prefill["kernels_ms"]
     print(f"\nprefill {args.prefill_len} tokens: execute {prefill['execute_ms']:.1f} ms "

@@ -8,6 +8,13 @@ replays the smallest captured size >= B, its inputs copied into the graph's stat
 rows past B padded: no query (the attention kernels skip them), KV slot -1 (nothing is written).
 Steps that are not pure decodes, or larger than the ladder, run eagerly. Graphs never change
 outputs: the same kernels run on the same data.
+
+Each size also has a sampling graph, replayed right after the forward when a step samples randomly:
+the argmax, the top-k pass and the two sampling kernels of core/sampler.py's `sample_tokens`, over
+the forward's logits, with the rows' settings copied into static buffers (padding rows get
+temperature 0, which the kernels skip). It takes every row whose top_k is below GRAPH_CANDIDATES
+and any top_p / min_p; a step with penalties or a larger top_k samples eagerly, from the same
+logits. A step where every row is greedy takes the argmax eagerly: one kernel.
 """
 
 from __future__ import annotations
@@ -22,6 +29,10 @@ from core.attention.backend import AttentionBackend, AttentionMetadata
 from core.host_to_device import pinned
 from core.kv.kv_cache import KVCache
 from core.plan import StepPlan
+from core.sampler import SamplingTensors, candidate_count, sampling_kernels
+
+# Candidates the sampling graph takes per row: rows with a top_k up to 63 (Qwen3's default is 20).
+GRAPH_CANDIDATES = 64
 
 # Batch sizes captured (up to max_num_seqs): dense where decode batches usually are.
 LADDER = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 512)
@@ -44,6 +55,12 @@ class DecodeGraphs:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._keep: list[object] = []  # per-graph launch state (split scratch) that must outlive it
+        # The sampling graphs' static settings (temperature, top_p, min_p / top_k, noise keys) and draws.
+        self.floats = torch.zeros(3, max_batch, dtype=torch.float32, device=device)
+        self.ints = torch.zeros(3, max_batch, dtype=torch.int64, device=device)
+        self._sampling_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._draws: dict[int, torch.Tensor] = {}
+        self._last_size = 0
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its pool memory
             meta = AttentionMetadata(
@@ -60,11 +77,52 @@ class DecodeGraphs:
                 self._logits[size] = self._forward(model, backend, kv_cache, meta, size)
             self._graphs[size] = graph
             self._keep.append(getattr(backend, "_step", None))
+            if sampling_kernels is not None:
+                self._capture_sampling(size, pool)
         torch.cuda.synchronize(device)
 
     def _forward(self, model, backend, kv_cache, meta, size: int) -> torch.Tensor:
         hidden = model(self.input_ids[:size], self.positions[:size], kv_cache, backend, meta)
         return model.compute_logits(hidden)  # [size, vocab] float32
+
+    def _capture_sampling(self, size: int, pool) -> None:
+        temperature, top_p, min_p = self.floats[:, :size]
+        top_k, keys = self.ints[0, :size], self.ints[1:, :size]
+        logits = self._logits[size]
+        self.num_candidates = min(GRAPH_CANDIDATES, logits.shape[1])
+
+        def draw() -> torch.Tensor:
+            tokens = logits.argmax(dim=-1)
+            values, ids = logits.topk(self.num_candidates, dim=-1)
+            sampling_kernels.sample_candidates(values, ids, temperature, top_k, top_p, min_p, keys, tokens)
+            sampling_kernels.sample_full_rows(logits, temperature, top_k, top_p, min_p, keys, tokens)
+            return tokens
+
+        draw()  # compiles the kernels outside the capture
+        torch.cuda.synchronize(logits.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self._draws[size] = draw()
+        self._sampling_graphs[size] = graph
+
+    def can_sample(self, st: SamplingTensors) -> bool:
+        """Whether the sampling graph draws this step's tokens: rows that sample randomly, none with
+        penalties, every top_k one the graph's candidates hold (core/sampler.py's `candidate_count`)."""
+        if self._last_size not in self._sampling_graphs or st.all_greedy or st.any_penalties:
+            return False
+        vocab_size = self._logits[self._last_size].shape[1]
+        return candidate_count(st.max_top_k, vocab_size) <= self.num_candidates
+
+    def sample(self, st: SamplingTensors) -> torch.Tensor:
+        """The tokens [B] (int64) of the step just replayed by `run`, drawn by its sampling graph."""
+        num_rows, size = st.num_rows, self._last_size
+        for dst, src in zip(self.floats, (st.temperature, st.top_p, st.min_p)):
+            dst[:num_rows].copy_(src)
+        self.ints[0, :num_rows].copy_(st.top_k)
+        self.ints[1:, :num_rows].copy_(st.keys)
+        self.floats[0, num_rows:size].zero_()  # padding rows: greedy, which the kernels skip
+        self._sampling_graphs[size].replay()
+        return self._draws[size][:num_rows]
 
     def can_run(self, plan: StepPlan) -> bool:
         """A pure decode step (one token per request, each sampling) within the ladder."""
@@ -95,4 +153,5 @@ class DecodeGraphs:
             self.query_start[num_reqs + 1 : size + 1].fill_(num_reqs)
             self.slot_mapping[num_reqs:size].fill_(-1)
         self._graphs[size].replay()
+        self._last_size = size
         return self._logits[size][:num_reqs]

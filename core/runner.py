@@ -182,7 +182,9 @@ class ModelRunner:
                 tokens = torch.empty(len(rows), dtype=torch.long, device=self.device)
                 self._prev_tokens[to_device(rows, self.device)] = self.tp.broadcast_from_first(tokens)
         elif len(rows):
-            out = self.sampler(logits, SamplingTensors.from_plan(plan, rows, self.device))
+            st = SamplingTensors.from_plan(plan, rows, self.device)
+            drawn = self.graphs.sample(st) if self._graphed(plan) and self.graphs.can_sample(st) else None
+            out = self.sampler(logits, st, drawn=drawn)
             tokens = out.token_ids.long()
             if self.shares_samples:
                 self.tp.broadcast_from_first(tokens)
@@ -231,11 +233,15 @@ class ModelRunner:
                                self.device)
         input_ids[at] = self._prev_tokens[source]
 
+    def _graphed(self, plan: StepPlan) -> bool:
+        """Whether the step's forward (and, where it can, its sampling) replays a decode graph."""
+        return self.graphs is not None and self.graphs.can_run(plan)
+
     @torch.inference_mode()
     def forward_logits(self, plan: StepPlan, kv_cache: KVCache | None = None
                        ) -> tuple[torch.Tensor | None, np.ndarray]:
         """Float32 logits [N, vocab] of the rows that sample (rank 0; None elsewhere) and those rows."""
-        if kv_cache is None and self.graphs is not None and self.graphs.can_run(plan):
+        if kv_cache is None and self._graphed(plan):
             logits = self.graphs.run(plan, fill=lambda ids: self._fill_placeholders(plan, ids))
             return logits, plan.sampled_rows
         kv_cache = kv_cache or self.kv_cache

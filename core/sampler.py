@@ -1,33 +1,43 @@
 """Sampler: turns one step's logits into the next token of every request that samples.
 
 The executor builds `SamplingTensors.from_plan(plan, plan.sampled_rows, device)` once per step and
-calls `Sampler()(logits, st)` with the logits of those rows. Everything is batched torch ops on the
-logits' device; the only host work is flattening the plan's arrays and a few flags that let the
-common paths (all greedy, no penalties, no logprobs) skip whole stages.
+calls `Sampler()(logits, st)` with the logits of those rows. The work is batched on the logits'
+device; the host only flattens the plan's arrays, hashes each row's noise keys and sets a few flags
+that let the common cases (all greedy, no penalties, no logprobs) skip whole stages.
 
 Per row, in this order:
   1. logprobs of the raw model distribution (log_softmax of the logits as given), as vLLM reports;
   2. penalties: repetition (HF-style, prompt + output tokens), presence and frequency (OpenAI-style,
      output tokens only);
-  3. temperature 0 -> argmax (ties go to the lowest id); otherwise divide by the temperature, drop
-     tokens below min_p * max prob, keep the top_k, keep the top_p nucleus, and sample with noise
-     that depends only on (seed, output_pos, token id), see `exponential_noise`.
+  3. temperature 0 -> argmax (ties go to the lowest id); otherwise min_p, top_k and top_p filter the
+     tempered distribution and a seeded exponential race draws from what they keep: the top-k path
+     for rows with a top_k, the full-row path for the others (core/sampling_paths.py defines both;
+     core/sampling_kernels.py runs them on the GPU). The noise depends only on (seed, output_pos,
+     token id), so a seeded request draws the same tokens in any batch.
+
+`sample_tokens` is step 3 alone; core/decode_graphs.py captures its kernels in the decode graph.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from core import sampling_paths
 from core.host_to_device import to_device
 from core.plan import StepPlan
+from core.sampling_noise import noise_keys
 
-_MASK32 = 0xFFFFFFFF
-# Bound on the [rows, vocab] int64 temporaries of the noise hash: ~128 MiB each at 2^24 elements.
-_NOISE_CHUNK_ELEMS = 1 << 24
+try:
+    from core import sampling_kernels
+except ImportError:  # an install without triton: the torch paths serve every device
+    sampling_kernels = None
+
+# Bound on the [rows, vocab] temporaries of the torch full-row path: ~32 MiB each at 2^23 elements.
+_FULL_ROW_CHUNK_ELEMS = 1 << 23
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,18 +54,17 @@ class SamplingTensors:
     presence_penalty: torch.Tensor  # float32 [N]
     frequency_penalty: torch.Tensor  # float32 [N]
     num_logprobs: torch.Tensor  # int32 [N]  -1 = none, 0 = sampled token only, K = also the top K
-    random_rows: torch.Tensor  # int64 [R]  the rows with temperature > 0
+    keys: torch.Tensor  # int64 [2, N]  noise keys of each row's draw (core/sampling_noise.py)
     # Penalty history flattened to one entry per (row, token occurrence), only for rows with penalties.
     history_rows: torch.Tensor  # int64 [H]  row in 0..N-1
     history_ids: torch.Tensor  # int64 [H]  token id
     history_is_output: torch.Tensor  # bool [H]  False = prompt token (repetition penalty only)
     # Host-side flags, computed once so the sampler never syncs to decide what to skip.
     all_greedy: bool
-    all_random: bool  # no row is greedy
     any_penalties: bool  # some row has a non-default penalty and a non-empty history
-    any_top_k: bool  # among the rows that sample randomly
-    any_top_p: bool
-    any_min_p: bool
+    max_top_k: int  # the largest top_k among the rows that sample randomly; 0 when none has one
+    top_k_rows: np.ndarray  # int64: the rows that sample randomly with a top_k (the top-k path)
+    full_rows: np.ndarray  # int64: the rows that sample randomly without one (the full-row path)
     max_num_logprobs: int  # -1 when no row wants logprobs (or N = 0)
     max_history_id: int  # -1 when the flattened history is empty
 
@@ -101,7 +110,8 @@ class SamplingTensors:
         # per non-empty ragged array, each staged through pinned memory: none waits for the GPU queue.
         floats = to_device(np.stack([temperature, top_p, min_p, repetition, presence, frequency])
                            .astype(np.float32, copy=False), device)
-        ints = to_device(np.stack([top_k, plan.seed[rows], plan.output_pos[rows], num_logprobs])
+        seed, output_pos = plan.seed[rows], plan.output_pos[rows]
+        ints = to_device(np.stack([top_k, seed, output_pos, num_logprobs, *noise_keys(seed, output_pos)])
                          .astype(np.int64, copy=False), device)
 
         def put(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -113,16 +123,15 @@ class SamplingTensors:
             temperature=floats[0], top_p=floats[1], min_p=floats[2], repetition_penalty=floats[3],
             presence_penalty=floats[4], frequency_penalty=floats[5],
             top_k=ints[0], seed=ints[1], output_pos=ints[2], num_logprobs=ints[3].to(torch.int32),
-            random_rows=put(np.flatnonzero(random), torch.int64),
+            keys=ints[4:6],
             history_rows=put(history_rows, torch.int64),
             history_ids=put(history_ids, torch.int64),
             history_is_output=put(history_is_output, torch.bool),
             all_greedy=not random.any(),
-            all_random=bool(random.all()),
             any_penalties=len(history_ids) > 0,
-            any_top_k=bool((random & (top_k > 0)).any()),
-            any_top_p=bool((random & (top_p < 1.0)).any()),
-            any_min_p=bool((random & (min_p > 0.0)).any()),
+            max_top_k=int(top_k[random].max()) if random.any() else 0,
+            top_k_rows=np.flatnonzero(random & (top_k > 0)),
+            full_rows=np.flatnonzero(random & (top_k == 0)),
             max_num_logprobs=int(num_logprobs.max()) if len(rows) else -1,
             max_history_id=int(history_ids.max()) if len(history_ids) else -1,
         )
@@ -155,7 +164,9 @@ class SamplerOutput(NamedTuple):
 class Sampler:
     """Stateless: `Sampler()(logits, st)`; a class so the executor holds one policy object."""
 
-    def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, st: SamplingTensors,
+                 drawn: torch.Tensor | None = None) -> SamplerOutput:
+        """`drawn`: the tokens, when a decode graph has drawn them already (only logprobs are left)."""
         if logits.dim() != 2 or logits.shape[0] != st.num_rows:
             raise ValueError(f"logits have shape {tuple(logits.shape)}, expected ({st.num_rows}, vocab)")
         vocab_size = logits.shape[1]
@@ -165,9 +176,11 @@ class Sampler:
             )
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if st.max_num_logprobs >= 0 else None
-        if st.any_penalties:
-            logits = apply_penalties(logits, st)
-        token_ids = _sample(logits, st)
+        if drawn is None:
+            if st.any_penalties:
+                logits = apply_penalties(logits, st)
+            drawn = sample_tokens(logits, st)
+        token_ids = drawn.to(torch.int32)
         return _gather_logprobs(raw_logprobs, token_ids, st.max_num_logprobs)
 
 
@@ -185,64 +198,61 @@ def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     return logits - st.frequency_penalty[:, None] * counts - st.presence_penalty[:, None] * (counts > 0)
 
 
-def _sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    greedy = logits.argmax(dim=-1)  # first maximum on CPU and CUDA: ties go to the lowest id
+def candidate_count(max_top_k: int, vocab_size: int) -> int:
+    """How many of each row's largest logits the top-k path takes: a power of two above the largest
+    top_k (so ties at the k-th logit have room), at least 16 and at most the vocabulary."""
+    return min(vocab_size, max(16, 1 << max_top_k.bit_length()))
+
+
+def _triton_runs(logits: torch.Tensor, use_triton: bool | None) -> bool:
+    if use_triton is None:
+        return sampling_kernels is not None and logits.is_cuda
+    if use_triton and sampling_kernels is None:
+        raise RuntimeError("use_triton=True, but triton is not installed")
+    return use_triton
+
+
+def sample_tokens(logits: torch.Tensor, st: SamplingTensors, use_triton: bool | None = None) -> torch.Tensor:
+    """Token ids [N] (int64) of the rows of `logits` [N, V] (float32, already penalized).
+
+    Greedy rows take the argmax (ties to the lowest id); random rows go down the top-k path or the
+    full-row path (core/sampling_paths.py): Triton kernels on the GPU, torch ops otherwise."""
+    tokens = logits.argmax(dim=-1)  # first maximum on CPU and CUDA: ties go to the lowest id
     if st.all_greedy:
-        return greedy.to(torch.int32)
-    if st.all_random:
-        return _sample_random(logits, st).to(torch.int32)
-    # Noise over the whole vocabulary is the costly part: draw it for the random rows only.
-    rows = st.random_rows
-    sampled = greedy.clone()
-    sampled[rows] = _sample_random(logits[rows], _rows_of(st, rows))
-    return sampled.to(torch.int32)
+        return tokens
+    kernels = _triton_runs(logits, use_triton)
+    settings = (st.temperature, st.top_k, st.top_p, st.min_p, st.keys)
+    if st.max_top_k > 0:
+        count = candidate_count(st.max_top_k, logits.shape[1])
+        if kernels and count <= sampling_kernels.MAX_KERNEL_CANDIDATES:
+            values, ids = logits.topk(count, dim=-1)
+            sampling_kernels.sample_candidates(values, ids, *settings, out=tokens)
+        else:
+            rows = torch.from_numpy(st.top_k_rows).to(logits.device)
+            values, ids = logits[rows].topk(count, dim=-1)
+            tokens[rows] = sampling_paths.sample_candidates(values, ids, *_rows(settings, rows))
+    if len(st.full_rows):
+        if kernels:
+            sampling_kernels.sample_full_rows(logits, *settings, out=tokens)
+        else:
+            _sample_full_rows_in_chunks(logits, st, settings, tokens)
+    return tokens
 
 
-def _sample_random(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """Sampled token ids [N] of rows that all have a temperature above 0."""
-    probs = torch.softmax(logits / st.temperature[:, None], dim=-1)  # [N, V]
-    if st.any_min_p:
-        threshold = st.min_p[:, None] * probs.amax(dim=-1, keepdim=True)
-        probs = probs.masked_fill(probs < threshold, 0.0)
-    if st.any_top_k or st.any_top_p:
-        probs = _apply_top_k_top_p(probs, st)
-    # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) picks token i with probability
-    # p_i / sum(p), so the probabilities need no renormalization after masking.
-    return (probs / exponential_noise(st.seed, st.output_pos, logits.shape[1])).argmax(dim=-1)
+def _rows(settings: tuple[torch.Tensor, ...], rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(temperature, top_k, top_p, min_p, keys) of `rows`."""
+    temperature, top_k, top_p, min_p, keys = settings
+    return temperature[rows], top_k[rows], top_p[rows], min_p[rows], keys[:, rows]
 
 
-def _rows_of(st: SamplingTensors, rows: torch.Tensor) -> SamplingTensors:
-    """The per-row settings of `rows` only (the penalty history is not needed after penalties)."""
-    subset = {name: getattr(st, name)[rows] for name in _PER_ROW_FIELDS}
-    return replace(st, **subset, all_greedy=False, all_random=True,
-                   random_rows=torch.arange(rows.shape[0], device=rows.device))
-
-
-_PER_ROW_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "output_pos", "repetition_penalty",
-                   "presence_penalty", "frequency_penalty", "num_logprobs")
-
-
-def _apply_top_k_top_p(probs: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """Zero the tokens outside each row's top_k and then outside its top_p nucleus; one sort."""
-    vocab_size = probs.shape[1]
-    # stable: among equal probabilities the lower id ranks first, the same on every device
-    sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True, stable=True)  # [N, V]
-    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
-    if st.any_top_k:
-        k = torch.where(st.top_k > 0, st.top_k, vocab_size)
-        keep = torch.arange(vocab_size, device=probs.device)[None, :] < k[:, None]
-        sorted_probs = sorted_probs.masked_fill(~keep, 0.0)
-    if st.any_top_p:
-        # The nucleus is taken over what min_p and top_k left, renormalized. A token stays while the
-        # mass before it is below top_p, so the top token always stays and the set is the smallest
-        # one whose mass reaches top_p. Rows with top_p = 1 skip the test: float cumsum error could
-        # otherwise cut their tail.
-        cumulative = sorted_probs.cumsum(dim=-1)
-        mass_before = cumulative - sorted_probs
-        in_nucleus = mass_before < st.top_p[:, None] * cumulative[:, -1:]
-        keep = keep & (in_nucleus | (st.top_p[:, None] >= 1.0))
-    keep_by_id = torch.empty_like(keep).scatter_(-1, sorted_ids, keep)
-    return probs.masked_fill(~keep_by_id, 0.0)
+def _sample_full_rows_in_chunks(logits: torch.Tensor, st: SamplingTensors,
+                                settings: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> None:
+    """The torch full-row path, a few rows at a time so its [rows, V] temporaries stay bounded."""
+    rows_per_chunk = max(1, _FULL_ROW_CHUNK_ELEMS // logits.shape[1])
+    for start in range(0, len(st.full_rows), rows_per_chunk):
+        rows = torch.from_numpy(st.full_rows[start : start + rows_per_chunk]).to(logits.device)
+        temperature, _, top_p, min_p, keys = _rows(settings, rows)
+        tokens[rows] = sampling_paths.sample_full_rows(logits[rows], temperature, top_p, min_p, keys)
 
 
 def _gather_logprobs(
@@ -255,52 +265,3 @@ def _gather_logprobs(
         return SamplerOutput(token_ids, sampled, None, None)
     top_logprobs, top_ids = raw_logprobs.topk(min(max_num_logprobs, raw_logprobs.shape[1]), dim=-1)
     return SamplerOutput(token_ids, sampled, top_ids.to(torch.int32), top_logprobs)
-
-
-# --- seeded noise ---------------------------------------------------------------------------------
-#
-# torch's generators draw a whole batch from one stream, so a request's noise would depend on its
-# row, on the batch size and on the device's RNG. Instead every uniform is a pure function of
-# (seed, output_pos, token id): a counter-based hash. The same request therefore draws the same
-# noise alone or in any batch, in any row, on CPU or GPU, and a replayed request repeats itself.
-# The hash is murmur3's 32-bit finalizer on int64 tensors holding values in [0, 2^32). A 32-bit
-# product can reach 2^64 and overflow int64 (undefined in C++, so CPU and CUDA need not agree), so
-# `_mul32` multiplies by 16-bit halves of the constant: every intermediate stays below 2^49.
-# The integer part is bit-exact everywhere; -log is taken in float64, where CPU and CUDA agree to
-# well below float32 resolution. The final token can still differ across devices if the model's
-# logits (hence the probabilities) differ, which is the model's business, not the sampler's.
-
-
-def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
-    """x * constant mod 2^32, for x in [0, 2^32) held in int64, without any product reaching 2^63."""
-    low = x * (constant & 0xFFFF)  # < 2^48
-    high = (x * (constant >> 16)) & 0xFFFF  # only its low 16 bits survive the shift by 16
-    return (low + (high << 16)) & _MASK32
-
-
-def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    """murmur3's finalizer: a bijection of [0, 2^32) with full avalanche."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = _mul32(x, 0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-def exponential_noise(seed: torch.Tensor, output_pos: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Exp(1) noise [N, V] float32, entry (i, v) a pure function of (seed[i], output_pos[i], v)."""
-    device = seed.device
-    seed_low, seed_high = seed & _MASK32, (seed >> 32) & _MASK32  # two's complement halves
-    # For a fixed seed, output_pos -> key_a is a bijection: different positions never share a key.
-    key_a = _fmix32(seed_low ^ _fmix32(seed_high ^ _fmix32((output_pos & _MASK32) ^ 0x9E3779B9)))
-    key_b = _fmix32(key_a ^ _fmix32(seed_high ^ 0x7F4A7C15))
-    token_hash = _fmix32(torch.arange(vocab_size, device=device, dtype=torch.int64) ^ 0x2545F491)
-    noise = torch.empty((seed.shape[0], vocab_size), dtype=torch.float32, device=device)
-    rows_per_chunk = max(1, _NOISE_CHUNK_ELEMS // max(vocab_size, 1))
-    for start in range(0, seed.shape[0], rows_per_chunk):
-        rows = slice(start, start + rows_per_chunk)
-        h = _fmix32(token_hash[None, :] ^ key_a[rows, None])  # [rows, V], distinct per token
-        h = _fmix32((h + key_b[rows, None]) & _MASK32)
-        uniform = (h.to(torch.float64) + 0.5) * 2.0**-32  # in (0, 1), never 0 or 1
-        noise[rows] = -torch.log(uniform)
-    return noise

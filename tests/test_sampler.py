@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from core.plan import StepPlan
-from core.sampler import Sampler, SamplingTensors, _fmix32, _mul32, apply_penalties, exponential_noise
+from core.sampler import Sampler, SamplingTensors, apply_penalties
+from core.sampling_noise import _fmix32, _mul32, exponential_noise
 
 History = list[tuple[list[int], list[int]]]
 
@@ -233,7 +234,7 @@ def test_from_plan_takes_only_the_sampled_rows_and_their_history():
     assert st.history_rows.tolist() == [0, 0, 0, 1, 1, 1, 1]
     assert st.history_ids.tolist() == [1, 2, 3, 7, 8, 9, 10]
     assert st.history_is_output.tolist() == [False, False, True, False, False, False, True]
-    assert (st.all_greedy, st.any_penalties, st.any_top_k, st.max_num_logprobs) == (False, True, False, 2)
+    assert (st.all_greedy, st.any_penalties, st.max_top_k, st.max_num_logprobs) == (False, True, 0, 2)
 
 
 def test_history_token_outside_the_vocabulary_is_rejected_by_name():

@@ -10,7 +10,7 @@ from tiny_models import build_tiny_checkpoint
 
 from core.config import CacheConfig, EngineConfig, ModelConfig
 from core.runner import ModelRunner
-from core.sampler import exponential_noise
+from core.sampling_noise import exponential_noise
 
 
 @pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-4), ("bfloat16", 3e-2)])
