@@ -11,6 +11,8 @@ Runs (the performance report's keys):
   c1_sync, c302_sync   c1 and c302 one step at a time (--no-async-scheduling)
   c1_defaults,         c1 and c302 sampled at the checkpoint's defaults (--sampling model-defaults)
   c302_defaults
+  c128_warm,           1,024 in / 256 out at concurrency 128, 256 prompts: c128_warm puts them in the
+  c128_cached(_defaults) prefix cache, then the pair decodes them greedy and at the defaults
   prefix_on/off        shared-prefix: 64 groups x 16 prompts, 2,048-token system, 128 question, 256 out,
                        with the prefix cache on and off
   prefix_on_sync       prefix_on's prompts one step at a time (--no-async-scheduling)
@@ -33,6 +35,8 @@ import urllib.request
 from dataclasses import dataclass
 
 RANDOM = ["--dataset", "random", "--input-len", "1784", "--output-len", "256"]
+# Decode-bound: 1,024-token prompts that c128_warm has put in the prefix cache, 256 tokens out.
+CACHED = ["--dataset", "random", "--input-len", "1024", "--output-len", "256", "--max-concurrency", "128"]
 SHARED = [
     "--dataset",
     "shared-prefix",
@@ -86,6 +90,11 @@ RUNS = {
                        16, "c1"),
     "c302_defaults": Run("c302_defaults", (), (*RANDOM, "--max-concurrency", "302", "--sampling",
                                                "model-defaults"), 1000, "c302"),
+    # The sampler's cost where decode dominates: the same cached prompts, greedy and at the defaults.
+    "c128_warm": Run("c128_warm", (), tuple(CACHED), 256),
+    "c128_cached": Run("c128_cached", (), tuple(CACHED), 256, "c128_warm"),
+    "c128_cached_defaults": Run("c128_cached_defaults", (), (*CACHED, "--sampling", "model-defaults"), 256,
+                                "c128_warm"),
 }
 
 
