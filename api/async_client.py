@@ -33,7 +33,7 @@ from api.client_errors import (
 from api.generation import Generation, GenerationBuilder, Prompt, refused
 from core.sampling_params import SamplingParams
 from ipc.codec import CodecError, decode, encode
-from procs.messages import (
+from ipc.messages import (
     AbortRequest,
     GenerateOutput,
     GenerateRequest,

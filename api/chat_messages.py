@@ -11,7 +11,7 @@ from typing import Any
 
 from api.body_fields import BodyFields, describe
 from api.errors import invalid
-from procs.messages import ChatTurn
+from ipc.messages import ChatTurn
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 _MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning_content", "tool_call_id", "tool_calls"})

@@ -1,7 +1,7 @@
 """The native clients of a Cadence server: submit prompts over ZeroMQ, skipping HTTP.
 
 Both talk to the tokenizer process's ROUTER (Launcher.endpoints.tokenizer_frontend) through one
-DEALER socket, in the messages of procs/messages.py, with request ids of their own:
+DEALER socket, in the messages of ipc/messages.py, with request ids of their own:
 
 * `Client` (here; sync, one thread) for batch jobs: `generate` many prompts and get them back in
   order, `submit` then iterate `as_completed`, `stream` one request's outputs, `abort`,
@@ -39,7 +39,7 @@ from api.generation import Generation, GenerationBuilder, Prompt, refused
 from core.sampling_params import SamplingParams
 from ipc.channels import ChannelTimeout, DealerChannel
 from ipc.codec import CodecError
-from procs.messages import (
+from ipc.messages import (
     AbortRequest,
     GenerateOutput,
     GenerateRequest,

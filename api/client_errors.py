@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from api.generation import Prompt, make_request
 from core.sampling_params import SamplingParams
 from ipc.codec import CodecError
-from procs.messages import GenerateRequest, RequestFailed
+from ipc.messages import GenerateRequest, RequestFailed
 
 DEFAULT_TIMEOUT_S = 120.0  # the longest silence a native client waits through by default
 SEND_TIMEOUT_S = 10.0

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core.sampling_params import SamplingParams
-from procs.messages import ChatTurn, GenerateOutput, GenerateRequest, RequestFailed, TopLogprob
+from ipc.messages import ChatTurn, GenerateOutput, GenerateRequest, RequestFailed, TopLogprob
 
 Prompt = str | Sequence[int] | Sequence[ChatTurn]
 

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from procs.messages import ServerInfo
+from ipc.messages import ServerInfo
 
 PREFIX = "cadence:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -30,7 +30,7 @@ from api.errors import SERVER_ERROR, TIMEOUT, UNAVAILABLE, ApiError, error_objec
 from api.metrics import ApiMetrics, RequestTiming
 from api.protocol import ParsedRequest, context_room, with_max_tokens
 from api.reasoning import ReasoningSplitter
-from procs.messages import GenerateOutput, GenerateRequest, RequestFailed
+from ipc.messages import GenerateOutput, GenerateRequest, RequestFailed
 
 
 class Choice:

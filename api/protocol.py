@@ -39,7 +39,7 @@ from api.errors import ApiError, invalid
 from core.config import GenerationDefaults
 from core.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
 from core.tokenizer.chat_template import render_chatml
-from procs.messages import GenerateRequest
+from ipc.messages import GenerateRequest
 
 MAX_CHOICES = 64
 MAX_REQUESTS_PER_CALL = 1024
@@ -56,7 +56,7 @@ CHAT_FIELDS = _COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
     "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "response_format",
 }
-# The tokenizer's refusal of a prompt that does not fit (procs/messages.py RequestFailed).
+# The tokenizer's refusal of a prompt that does not fit (ipc/messages.py RequestFailed).
 _CONTEXT_REFUSAL = re.compile(
     r"maximum context length is (?P<limit>\d+) tokens; the request has (?P<prompt>\d+) prompt tokens"
 )

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from procs.messages import TopLogprob
+from ipc.messages import TopLogprob
 
 SSE_DONE = b"data: [DONE]\n\n"
 

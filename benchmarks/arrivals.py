@@ -22,12 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from core.config import CacheConfig, SchedulerConfig
-from core.request import Request
 from core.sampling_params import SamplingParams
-from core.scheduler import Scheduler
+from core.scheduling.request import Request
+from core.scheduling.scheduler import Scheduler
 from core.tokenizer import load_tokenizer
 from ipc.codec import decode, encode
-from procs.messages import TokenizedRequest
+from ipc.messages import TokenizedRequest
 
 
 def _median_us(fn, items) -> float:

@@ -200,7 +200,7 @@ class ZmqBackend:
 
     async def send(self, spec: RequestSpec, history: list[dict] | None = None) -> RequestTiming:
         from core.sampling_params import SamplingParams
-        from procs.messages import ChatTurn, GenerateOutput, GenerateRequest
+        from ipc.messages import ChatTurn, GenerateOutput, GenerateRequest
 
         self._ids += 1
         params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, **self.sampling_fields)

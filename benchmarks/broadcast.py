@@ -24,9 +24,9 @@ import numpy as np
 
 from core.plan import StepPlan
 from ipc.channels import PubChannel, PullChannel, PushChannel, SubChannel
+from ipc.messages import Ping, Pong, StepReady, Stop
 from ipc.shm_ring import StepRing, cleanup_stale, ring_name, run_prefix
 from procs.launcher import SPIN_S
-from procs.messages import Ping, Pong, StepReady, Stop
 from procs.plan_receiver import PlanReceiver
 
 

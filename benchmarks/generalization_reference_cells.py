@@ -12,7 +12,7 @@ import dataclasses
 from api.generation import Generation
 from benchmarks.generalization_cell import Cell, CellContext
 from benchmarks.generalization_workload import SEED, Job, Workload, copies_of, greedy, sampled
-from procs.messages import ChatTurn
+from ipc.messages import ChatTurn
 
 
 def reference_cells(workload: Workload) -> list[Cell]:

@@ -16,8 +16,8 @@ from api.client import Client
 from api.generation import Generation, make_request
 from benchmarks.generalization_workload import Job
 from core.config import EngineConfig
+from ipc.messages import ReplicaInfo, ServerInfo
 from procs.launcher import Launcher, LaunchOptions
-from procs.messages import ReplicaInfo, ServerInfo
 
 POLL_S = 0.05
 

@@ -11,7 +11,7 @@ where it exceeds the GPU time) and `graph` (do_bench_cudagraph: the calls replay
 graph, no launch overhead, L2 not flushed, so contexts under 50 MB stay in L2). Each case is first
 checked against ReferenceAttention in float32 (column `err`: worst |error| / max |reference|), and
 the reference backend's own time is shown for scale. --sweep also times every split count and a
-grid of tile shapes for decode and extend, for tuning the defaults in core/attention/.
+grid of tile shapes for decode and extend, for tuning the defaults in core/execution/attention/.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
-from core.attention.backend import AttentionMetadata, write_kv
-from core.attention.reference import ReferenceAttention
-from core.attention.triton_backend import TritonAttention
-from core.attention.triton_decode import DecodeSplits, DecodeTiles, decode_attention, decode_tiles
-from core.attention.triton_extend import ExtendTiles, extend_attention, extend_work_list
-from core.attention.triton_kv_write import write_kv_paged
+from core.execution.attention.backend import AttentionMetadata, write_kv
+from core.execution.attention.reference import ReferenceAttention
+from core.execution.attention.triton_backend import TritonAttention
+from core.execution.attention.triton_decode import DecodeSplits, DecodeTiles, decode_attention, decode_tiles
+from core.execution.attention.triton_extend import ExtendTiles, extend_attention, extend_work_list
+from core.execution.attention.triton_kv_write import write_kv_paged
 
 CEILING_TB_S = 4.3
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 40, 8, 128, 16

@@ -2,7 +2,7 @@
 
     python -m benchmarks.model_parity --model qwen3-14b --device cuda --out parity.json
 
-Both models get the dummy weights of `core.model.loader.dummy_tensors` (so no checkpoint is
+Both models get the dummy weights of `core.execution.model.loader.dummy_tensors` (so no checkpoint is
 needed); a prompt is prefilled and a few decode steps are teacher-forced with transformers' greedy
 tokens. Prints the relative logits error of every step, Cadence's step times and peak memory.
 """
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from core.model.loader import TORCH_DTYPES, dummy_tensors
+from core.execution.model.loader import TORCH_DTYPES, dummy_tensors
+from core.execution.runner import ModelRunner
 from core.plan import StepPlan
-from core.runner import ModelRunner
 
 
 def hf_model_like(config: ModelConfig, runner: ModelRunner, device: str):

@@ -4,7 +4,7 @@
         --out peer.json
 
 transformers' continuous batching (`generate_batch`, its paged KV cache) in one process, on the
-same GPU, with the same dummy weights Cadence generates for the preset (core.model.loader's
+same GPU, with the same dummy weights Cadence generates for the preset (core.execution.model.loader's
 `dummy_tensor`, by name and seed) and the same random token-id prompts as
 `python -m benchmarks.load --dataset random` with the same seed. Reports total and output token
 throughput over the wall time of the whole batch, so a report can put Cadence and the peer side
@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.datasets import random_dataset
 from core.config import ModelConfig
-from core.model.loader import TORCH_DTYPES, dummy_tensor
+from core.execution.model.loader import TORCH_DTYPES, dummy_tensor
 
 
 def build_peer(config: ModelConfig, seed: int, device: str, attn_implementation: str):

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from core.execution.runner import ModelRunner
+from core.execution.sampler import SamplingTensors
 from core.plan import StepPlan
-from core.runner import ModelRunner
-from core.sampler import SamplingTensors
 
 # Sampling modes profiled: name -> (temperature, top_p, top_k); "defaults" is Qwen3's generation_config.
 SAMPLING_MODES = {"greedy": (0.0, 1.0, 0), "defaults": (0.6, 0.95, 20)}

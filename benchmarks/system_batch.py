@@ -18,9 +18,9 @@ import numpy as np
 
 from core.sampling_params import SamplingParams
 from ipc.channels import DealerChannel
+from ipc.messages import GenerateOutput, GenerateRequest, RequestFailed, ServerInfo, ServerInfoQuery
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
 from procs.launcher import Launcher
-from procs.messages import GenerateOutput, GenerateRequest, RequestFailed, ServerInfo, ServerInfoQuery
 
 
 def _info(channel: DealerChannel) -> ServerInfo:

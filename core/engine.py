@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.config import EngineConfig
+from core.execution.runner import ModelRunner
 from core.plan import StepPlan, StepResult
-from core.request import Request, RequestOutput
-from core.runner import ModelRunner
 from core.sampling_params import SamplingParams
-from core.scheduler import Scheduler
+from core.scheduling.request import Request, RequestOutput
+from core.scheduling.scheduler import Scheduler
 
 
 @dataclass

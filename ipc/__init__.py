@@ -1,0 +1,13 @@
+"""The wire: every byte that crosses a process boundary, and how it travels.
+
+What the processes say to each other, in one place:
+
+    messages.py     every envelope (requests, outputs, control, step announcements) as frozen
+                    dataclasses; nothing is pickled
+    codec.py        how an envelope becomes msgpack-like bytes and back (with its arrays as frames)
+    plan_layout.py  a StepPlan's bytes inside a ring slot (core/plan.py declares its arrays)
+    step_frames.py  a StepResult's bytes: a StepDone envelope plus its arrays as raw frames
+    shm_ring.py     the shared-memory ring of plan slots, its header words and doorbell protocol
+    channels.py     ZeroMQ sockets that carry envelopes and frames
+    endpoints.py    the addresses those sockets bind and connect to
+"""

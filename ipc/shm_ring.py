@@ -35,7 +35,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from core.plan import StepPlan, pack_plan, packed_plan_header, packed_plan_nbytes, unpack_plan
+from core.plan import StepPlan
+from ipc.plan_layout import pack_plan, packed_plan_header, packed_plan_nbytes, unpack_plan
 
 SHM_DIR = "/dev/shm"
 

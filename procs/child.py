@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Protocol
 
 from ipc.codec import encode
-from procs.messages import Ready
+from ipc.messages import Ready
 
 _PR_SET_PDEATHSIG = 1
 _FINALIZER_RETRY_S = 0.01

@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING
 
 from ipc.channels import PushChannel, SubChannel
 from ipc.codec import decode
+from ipc.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
+from ipc.step_frames import result_to_frames
 from procs.child import become, parent_alive, run_actor
 from procs.fault_injection import fault_for, strike
-from procs.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
 from procs.plan_receiver import BadDoorbell, PlanReceiver, Step
 from procs.problem_log import ProblemLog
-from procs.step_frames import result_to_frames
 
 if TYPE_CHECKING:  # torch loads in the executor process only, when it builds its runner
-    from core.runner import LaunchedStep
+    from core.execution.runner import LaunchedStep
 
 _IDLE_WAIT_S = 1.0
 
@@ -56,8 +56,8 @@ def run_executor(spec_bytes: bytes, ready_conn: Connection) -> None:
 def _build_runner(spec: ExecutorSpec):
     import torch
 
-    from core.distributed import TPGroup, init_tp_group
-    from core.runner import ModelRunner
+    from core.execution.distributed import TPGroup, init_tp_group
+    from core.execution.runner import ModelRunner
 
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))

@@ -32,9 +32,9 @@ from core.config import EngineConfig
 from ipc.channels import PushChannel
 from ipc.codec import CodecError, decode, encode
 from ipc.endpoints import Endpoints
+from ipc.messages import ExecutorSpec, Ready, ReplicaDown, SchedulerSpec, Shutdown, TokenizerSpec
 from ipc.shm_ring import cleanup_stale, ring_name, run_prefix
 from procs.executor_proc import run_executor
-from procs.messages import ExecutorSpec, Ready, ReplicaDown, SchedulerSpec, Shutdown, TokenizerSpec
 from procs.scheduler_proc import run_scheduler
 from procs.tokenizer_proc import run_tokenizer
 

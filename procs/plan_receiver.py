@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.plan import StepPlan, unpack_plan
+from core.plan import StepPlan
 from ipc.channels import SubChannel
 from ipc.codec import CodecError
+from ipc.messages import Ping, StepReady, Stop
+from ipc.plan_layout import unpack_plan
 from ipc.shm_ring import StepRing
-from procs.messages import Ping, StepReady, Stop
 
 # A doorbell announces a step whose header is already written; this only covers a torn read.
 _RING_READ_TIMEOUT_S = 5.0

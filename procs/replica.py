@@ -14,12 +14,13 @@ import signal
 from collections import deque
 from dataclasses import dataclass
 
-from core.plan import StepPlan, packed_plan_nbytes
-from core.plan_ahead import PlanAhead
-from core.scheduler import Scheduler
+from core.plan import StepPlan
+from core.scheduling.plan_ahead import PlanAhead
+from core.scheduling.scheduler import Scheduler
 from ipc.channels import PubChannel
+from ipc.messages import ReplicaInfo, SchedulerSpec
+from ipc.plan_layout import packed_plan_nbytes
 from ipc.shm_ring import StepRing, ring_name
-from procs.messages import ReplicaInfo, SchedulerSpec
 
 
 @dataclass

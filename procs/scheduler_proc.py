@@ -6,7 +6,7 @@
 Each replica has its own Scheduler (block pool, radix tree), its own shared-memory ring and its
 own doorbell; its TP ranks read the same slot and run the same step. Replicas step independently:
 up to two steps in flight per replica with async scheduling (else one; the second planned shortly
-before the first is expected to end, core/plan_ahead.py), results back in order,
+before the first is expected to end, core/scheduling/plan_ahead.py), results back in order,
 nothing shared between replicas, no barrier. A replica whose executor dies (the launcher sends
 ReplicaDown), or whose step or held ring slot outlives `step_timeout_s` (procs/replica.py), is
 taken down; its requests move to live replicas and are recomputed there, as after a preemption,
@@ -22,15 +22,13 @@ import os
 import time
 from multiprocessing.connection import Connection
 
-from core.dp_router import DPRouter
-from core.plan import StepPlan, pack_plan, packed_plan_nbytes
-from core.request import Request, RequestOutput
-from core.scheduler import RequestRejectedError, SchedulerError
+from core.plan import StepPlan
+from core.scheduling.dp_router import DPRouter
+from core.scheduling.request import Request, RequestOutput
+from core.scheduling.scheduler import RequestRejectedError, SchedulerError
 from ipc.channels import BadFrame, PullChannel, PushChannel, wait_readable
 from ipc.codec import decode
-from ipc.shm_ring import RingError, cleanup_stale, run_prefix
-from procs.child import become, parent_alive, run_actor
-from procs.messages import (
+from ipc.messages import (
     AbortRequest,
     Ping,
     Pong,
@@ -46,9 +44,12 @@ from procs.messages import (
     Stop,
     TokenizedRequest,
 )
+from ipc.plan_layout import pack_plan, packed_plan_nbytes
+from ipc.shm_ring import RingError, cleanup_stale, run_prefix
+from ipc.step_frames import result_from_frames
+from procs.child import become, parent_alive, run_actor
 from procs.problem_log import ProblemLog
 from procs.replica import InFlight, Replica
-from procs.step_frames import result_from_frames
 from procs.step_trace import StepTrace
 
 _STATUS_EVERY_S = 0.2

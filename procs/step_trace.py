@@ -11,7 +11,7 @@ import logging
 import time
 
 from core.plan import StepPlan
-from core.scheduler import Scheduler
+from core.scheduling.scheduler import Scheduler
 
 
 class StepTrace:

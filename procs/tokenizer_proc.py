@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from core.request import RequestOutput
+from core.scheduling.request import RequestOutput
 from core.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer, load_tokenizer
 from ipc.channels import (
     BadFrame,
@@ -33,8 +33,7 @@ from ipc.channels import (
     wait_readable,
 )
 from ipc.codec import decode
-from procs.child import become, parent_alive, run_actor
-from procs.messages import (
+from ipc.messages import (
     AbortRequest,
     GenerateOutput,
     GenerateRequest,
@@ -49,6 +48,7 @@ from procs.messages import (
     TokenizerSpec,
     TopLogprob,
 )
+from procs.child import become, parent_alive, run_actor
 from procs.problem_log import ProblemLog
 
 _IDLE_WAIT_S = 0.5

@@ -1,6 +1,6 @@
 """FakeTokenizer: a thread that plays the tokenizer process's ROUTER, for the api tests.
 
-It speaks the clients' side of procs/messages.py exactly as the real tokenizer does: it answers a
+It speaks the clients' side of ipc/messages.py exactly as the real tokenizer does: it answers a
 GenerateRequest with GenerateOutputs (one per step when `stream`, else one at the end; the first
 carries prompt_token_ids), ends an aborted request with finish_reason "abort", refuses a prompt that
 does not fit the context with the real message, and answers ServerInfoQuery. What it generates is
@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from core.scheduler_stats import SchedulerStats
+from core.scheduling.scheduler_stats import SchedulerStats
 from core.tokenizer.chat_template import render_chatml
 from ipc.channels import ChannelError, RouterChannel
-from procs.messages import (
+from ipc.messages import (
     AbortRequest,
     GenerateOutput,
     GenerateRequest,

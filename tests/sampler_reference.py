@@ -1,15 +1,15 @@
 """The sampler as it was first written: sort the whole vocabulary, mask, race over every token.
 
 Slow (a full sort and noise for every token of every row) and obviously right; the fast paths of
-core/sampling_paths.py and core/sampling_kernels.py must draw the very same tokens. Kept here only
-as the tests' oracle.
+core/execution/sampling_paths.py and core/execution/sampling_kernels.py must draw the very same
+tokens. Kept here only as the tests' oracle.
 """
 
 from __future__ import annotations
 
 import torch
 
-from core.sampling_noise import exponential_noise
+from core.execution.sampling_noise import exponential_noise
 
 
 def reference_tokens(logits: torch.Tensor, temperature, top_k, top_p, min_p, seed,

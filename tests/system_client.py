@@ -1,6 +1,6 @@
 """A minimal test client of the running system: a DEALER on the tokenizer's ROUTER.
 
-It speaks procs.messages directly, so the process tests do not depend on the API layer.
+It speaks ipc.messages directly, so the process tests do not depend on the API layer.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from core.sampling_params import SamplingParams
 from ipc.channels import DealerChannel
-from procs.messages import (
+from ipc.messages import (
     AbortRequest,
     GenerateOutput,
     GenerateRequest,

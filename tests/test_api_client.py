@@ -9,7 +9,7 @@ from api_fake_tokenizer import COMPLETION_REPLY, FakeTokenizer
 
 from api.client import AsyncClient, Client, ClientTimeout, RequestRefused
 from core.sampling_params import SamplingParams
-from procs.messages import AbortRequest, ChatTurn, GenerateRequest, ServerInfoQuery
+from ipc.messages import AbortRequest, ChatTurn, GenerateRequest, ServerInfoQuery
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 

@@ -20,7 +20,7 @@ from api.protocol import (
 )
 from api.reasoning import ReasoningSplitter
 from core.config import QWEN3_GENERATION_DEFAULTS
-from procs.messages import ChatTurn, TopLogprob
+from ipc.messages import ChatTurn, TopLogprob
 
 MODEL = ServedModel("qwen3-tiny", 4096, QWEN3_GENERATION_DEFAULTS)
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}

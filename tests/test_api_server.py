@@ -16,7 +16,7 @@ from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
 from core.config import QWEN3_GENERATION_DEFAULTS
 from core.tokenizer.chat_template import render_chatml
-from procs.messages import AbortRequest, GenerateRequest
+from ipc.messages import AbortRequest, GenerateRequest
 
 MODEL = ServedModel("qwen3-tiny", 4096, QWEN3_GENERATION_DEFAULTS)
 HELLO = [{"role": "user", "content": "hi"}]

@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from core.kv.block_pool import BlockPool, PoolExhaustedError
+from core.scheduling.block_pool import BlockPool, PoolExhaustedError
 
 
 def test_allocate_hands_out_distinct_owned_pages():

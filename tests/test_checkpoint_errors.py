@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 from tiny_models import build_tiny_checkpoint
 
 from core.config import ModelConfig
-from core.distributed import TPGroup
-from core.model.loader import CheckpointError, load_checkpoint
-from core.model.qwen3 import Qwen3ForCausalLM
+from core.execution.distributed import TPGroup
+from core.execution.model.loader import CheckpointError, load_checkpoint
+from core.execution.model.qwen3 import Qwen3ForCausalLM
 
 UP_PROJ = "model.layers.0.mlp.up_proj.weight"
 

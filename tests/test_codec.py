@@ -226,8 +226,8 @@ def test_ndarray_annotation_is_refused_on_first_use():
 
 
 def test_a_list_whose_items_fail_alone_keeps_its_good_items_and_names_the_bad_ones():
-    from core.request import RequestOutput
-    from procs.messages import StepOutputs
+    from core.scheduling.request import RequestOutput
+    from ipc.messages import StepOutputs
 
     body = {"outputs": [{"request_id": "a", "new_token_ids": [1]},
                         {"request_id": "b", "new_token_ids": [2], "num_cached_tokens": None},

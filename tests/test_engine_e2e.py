@@ -11,7 +11,7 @@ from tiny_models import build_tiny_checkpoint
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from core.engine import Engine
-from core.runner import ModelRunner
+from core.execution.runner import ModelRunner
 from core.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)

@@ -19,9 +19,9 @@ from test_scheduler import (
     step,
 )
 
-from core.request import RequestStatus
+from core.scheduling.request import RequestStatus
 from ipc.codec import decode, encode
-from procs.messages import StepOutputs
+from ipc.messages import StepOutputs
 
 
 def _move(dead, live):

@@ -11,11 +11,12 @@ import numpy as np
 from plans import Chunk, make_plan
 from system_client import tiny_config
 
-from core.plan import StepResult, pack_plan, packed_plan_nbytes
+from core.plan import StepResult
 from ipc.channels import PubChannel, PullChannel
+from ipc.messages import ExecutorSpec, Ping, Pong, StepDone, StepReady, Stop
+from ipc.plan_layout import pack_plan, packed_plan_nbytes
+from ipc.step_frames import result_from_frames
 from procs.executor_proc import Executor
-from procs.messages import ExecutorSpec, Ping, Pong, StepDone, StepReady, Stop
-from procs.step_frames import result_from_frames
 
 
 class FakeHandle:

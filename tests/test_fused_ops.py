@@ -1,4 +1,4 @@
-"""The fused Triton kernels of core/model/fused.py equal the unfused torch ops they replace.
+"""The fused Triton kernels of core/execution/model/fused.py equal the unfused torch ops they replace.
 
 The kernels run on the CPU through the Triton interpreter, as in tests/test_triton_attention.py: the
 interpreter is only on if TRITON_INTERPRET=1 is set before triton is first imported, so run alone
@@ -24,9 +24,9 @@ import torch  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
-from core.model import fused  # noqa: E402
-from core.model.fused import add_rms_norm, qk_norm_rope, rms_norm, silu_mul  # noqa: E402
-from core.model.layers import RotaryEmbedding  # noqa: E402
+from core.execution.model import fused  # noqa: E402
+from core.execution.model.fused import add_rms_norm, qk_norm_rope, rms_norm, silu_mul  # noqa: E402
+from core.execution.model.layers import RotaryEmbedding  # noqa: E402
 
 # Both triton's own library and our kernels must have been built interpreted.
 INTERPRETED = all(type(fn).__name__ == "InterpretedFunction"

@@ -14,7 +14,7 @@ from api.generation import Generation
 from benchmarks.generalization import format_table, parse_args, run_matrix
 from benchmarks.generalization_compare import Tolerance, compare
 from benchmarks.generalization_report import render_markdown
-from procs.messages import TopLogprob
+from ipc.messages import TopLogprob
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plans import Chunk, make_plan
 
-from core.attention.backend import AttentionMetadata, write_kv
-from core.attention.reference import ReferenceAttention
-from core.kv.kv_cache import KVCache
+from core.execution.attention.backend import AttentionMetadata, write_kv
+from core.execution.attention.reference import ReferenceAttention
+from core.execution.kv_cache import KVCache
 
 HEAD_DIM = 8
 

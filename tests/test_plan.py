@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from plans import Chunk, make_plan
 
-from core.plan import StepPlan, pack_plan, packed_plan_header, packed_plan_nbytes, unpack_plan
+from core.plan import StepPlan
+from ipc.plan_layout import pack_plan, packed_plan_header, packed_plan_nbytes, unpack_plan
 
 BLOCK_SIZE = 16
 ARRAY_FIELDS = [f.name for f in fields(StepPlan) if f.name not in ("step_id", "replica")]

@@ -1,8 +1,9 @@
-"""When async scheduling plans the step behind the running one (core/plan_ahead.py), on a fake clock."""
+"""When async scheduling plans the step behind the running one (core/scheduling/plan_ahead.py),
+on a fake clock."""
 
 import pytest
 
-from core.plan_ahead import PlanAhead
+from core.scheduling.plan_ahead import PlanAhead
 
 
 def test_a_step_size_never_seen_plans_at_once():

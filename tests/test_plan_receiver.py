@@ -6,10 +6,10 @@ import uuid
 
 from plans import Chunk, make_plan
 
-from core.plan import pack_plan, packed_plan_nbytes
 from ipc.channels import PubChannel, SubChannel
+from ipc.messages import Ping, StepReady, Stop
+from ipc.plan_layout import pack_plan, packed_plan_nbytes
 from ipc.shm_ring import StepRing, cleanup_stale, ring_name, run_prefix
-from procs.messages import Ping, StepReady, Stop
 from procs.plan_receiver import PlanReceiver, Step
 
 

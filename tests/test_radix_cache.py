@@ -7,8 +7,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from core.kv.block_pool import BlockPool
-from core.kv.radix_cache import Match, RadixCache
+from core.scheduling.block_pool import BlockPool
+from core.scheduling.radix_cache import Match, RadixCache
 
 BS = 4  # block size of the unit tests
 

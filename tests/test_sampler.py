@@ -1,4 +1,4 @@
-"""Specifications of core/sampler.py, on CPU with small vocabularies."""
+"""Specifications of core/execution/sampler.py, on CPU with small vocabularies."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from core.execution.sampler import Sampler, SamplingTensors, apply_penalties
+from core.execution.sampling_noise import _fmix32, _mul32, exponential_noise
 from core.plan import StepPlan
-from core.sampler import Sampler, SamplingTensors, apply_penalties
-from core.sampling_noise import _fmix32, _mul32, exponential_noise
 
 History = list[tuple[list[int], list[int]]]
 

@@ -2,7 +2,7 @@
 
 Every test draws with fixed seeds, so it is deterministic: a correct sampler passes it every time,
 and the thresholds (chi-square at p = 1e-4) leave a wrong one no room. The expected distributions
-are computed here in float64 numpy from the rule in core/sampling_paths.py, independently of it.
+are computed here in float64 numpy from the rule in core/execution/sampling_paths.py, independently of it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.sampler import SamplingTensors, candidate_count, sample_tokens
+from core.execution.sampler import SamplingTensors, candidate_count, sample_tokens
 from tests.sampler_reference import reference_tokens
 from tests.test_sampler import make_plan, sample
 

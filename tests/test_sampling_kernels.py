@@ -1,4 +1,4 @@
-"""The sampler's Triton kernels (core/sampling_kernels.py) draw the tokens of its torch paths.
+"""The sampler's Triton kernels (core/execution/sampling_kernels.py) draw the tokens of its torch paths.
 
 The kernels run on the CPU through the Triton interpreter, as in tests/test_fused_ops.py: run alone,
 this file sets TRITON_INTERPRET=1 itself; in a full test run (where an earlier module has imported
@@ -23,9 +23,9 @@ import torch  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
-from core import sampling_kernels  # noqa: E402
-from core.sampler import SamplingTensors, sample_tokens  # noqa: E402
-from core.sampling_noise import noise_at, noise_keys  # noqa: E402
+from core.execution import sampling_kernels  # noqa: E402
+from core.execution.sampler import SamplingTensors, sample_tokens  # noqa: E402
+from core.execution.sampling_noise import noise_at, noise_keys  # noqa: E402
 from tests.test_sampler import make_plan  # noqa: E402
 from tests.test_sampler_statistics import mixed_batch  # noqa: E402
 

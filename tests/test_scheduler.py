@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from core.config import CacheConfig, SchedulerConfig
 from core.plan import StepPlan, StepResult
-from core.request import Request, RequestOutput, RequestStatus
 from core.sampling_params import SamplingParams
-from core.scheduler import RequestRejectedError, Scheduler, SchedulerError
+from core.scheduling.request import Request, RequestOutput, RequestStatus
+from core.scheduling.scheduler import RequestRejectedError, Scheduler, SchedulerError
 
 EOS = 7
 VOCAB = 50

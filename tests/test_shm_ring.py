@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from plans import Chunk, make_plan
 
-from core.plan import StepPlan, packed_plan_nbytes
+from core.plan import StepPlan
+from ipc.plan_layout import packed_plan_nbytes
 from ipc.shm_ring import SHM_DIR, RingError, RingTimeout, StepRing, cleanup_stale, ring_name, run_prefix
 
 SLOT_BYTES = 4096

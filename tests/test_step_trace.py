@@ -7,9 +7,9 @@ import logging
 import numpy as np
 
 from core.config import CacheConfig, SchedulerConfig
-from core.request import Request
 from core.sampling_params import SamplingParams
-from core.scheduler import Scheduler
+from core.scheduling.request import Request
+from core.scheduling.scheduler import Scheduler
 from procs.step_trace import StepTrace
 
 

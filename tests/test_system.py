@@ -35,7 +35,7 @@ def _prompts(seed: int = 0) -> dict[str, dict]:
 
 
 def _chat(prompts: dict[str, dict]) -> dict[str, dict]:
-    from procs.messages import ChatTurn
+    from ipc.messages import ChatTurn
 
     out = {}
     for key, prompt in prompts.items():

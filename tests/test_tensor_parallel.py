@@ -11,8 +11,8 @@ from plans import Chunk, make_plan
 from tiny_models import build_tiny_checkpoint
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig
-from core.distributed import TPGroup, init_tp_group
-from core.runner import ModelRunner
+from core.execution.distributed import TPGroup, init_tp_group
+from core.execution.runner import ModelRunner
 
 BLOCK_SIZE = 16
 

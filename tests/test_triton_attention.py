@@ -32,11 +32,12 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 from plans import Chunk, make_plan  # noqa: E402
 from tiny_models import build_tiny_checkpoint  # noqa: E402
 
-from core.attention import make_backend  # noqa: E402
-from core.attention.backend import AttentionMetadata, write_kv  # noqa: E402
-from core.attention.reference import ReferenceAttention  # noqa: E402
-from core.attention.triton_backend import TritonAttention  # noqa: E402
-from core.attention.triton_decode import (  # noqa: E402
+from core.config import CacheConfig, EngineConfig, ModelConfig  # noqa: E402
+from core.execution.attention import make_backend  # noqa: E402
+from core.execution.attention.backend import AttentionMetadata, write_kv  # noqa: E402
+from core.execution.attention.reference import ReferenceAttention  # noqa: E402
+from core.execution.attention.triton_backend import TritonAttention  # noqa: E402
+from core.execution.attention.triton_decode import (  # noqa: E402
     MAX_SPLITS,
     DecodeSplits,
     _decode_split_kernel,
@@ -44,10 +45,9 @@ from core.attention.triton_decode import (  # noqa: E402
     decode_tiles,
     plan_splits,
 )
-from core.attention.triton_extend import ExtendTiles, extend_tiles, extend_work_list  # noqa: E402
-from core.attention.triton_kv_write import write_kv_paged  # noqa: E402
-from core.config import CacheConfig, EngineConfig, ModelConfig  # noqa: E402
-from core.runner import ModelRunner  # noqa: E402
+from core.execution.attention.triton_extend import ExtendTiles, extend_tiles, extend_work_list  # noqa: E402
+from core.execution.attention.triton_kv_write import write_kv_paged  # noqa: E402
+from core.execution.runner import ModelRunner  # noqa: E402
 
 # Both triton's own library (tl.zeros, tl.max, ...) and our kernels must have been built interpreted.
 INTERPRETED = all(type(fn).__name__ == "InterpretedFunction"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from core.attention.triton_decode import MIN_SPLIT_TOKENS, plan_splits, reduce_block
-from core.attention.triton_extend import extend_tiles
-from core.runner import compile_warmup_steps, warmup_plan
+from core.execution.attention.triton_decode import MIN_SPLIT_TOKENS, plan_splits, reduce_block
+from core.execution.attention.triton_extend import extend_tiles
+from core.execution.runner import compile_warmup_steps, warmup_plan
 
 BLOCK_SIZE = 16
 H200_SMS = 132

@@ -10,7 +10,7 @@ import torch
 from plans import Chunk, make_plan
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from core.runner import ModelRunner
+from core.execution.runner import ModelRunner
 
 BLOCK_SIZE = 16
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.model.fused import add_rms_norm, qk_norm_rope, rms_norm, silu_mul
-from core.model.layers import RotaryEmbedding
+from core.execution.model.fused import add_rms_norm, qk_norm_rope, rms_norm, silu_mul
+from core.execution.model.layers import RotaryEmbedding
 
 HIDDEN, Q_HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 5120, 40, 8, 128, 17408
 MAX_POSITIONS, EPS = 40960, 1e-6

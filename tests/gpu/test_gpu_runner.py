@@ -9,8 +9,8 @@ from plans import Chunk, make_plan
 from tiny_models import build_tiny_checkpoint
 
 from core.config import CacheConfig, EngineConfig, ModelConfig
-from core.runner import ModelRunner
-from core.sampling_noise import exponential_noise
+from core.execution.runner import ModelRunner
+from core.execution.sampling_noise import exponential_noise
 
 
 @pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-4), ("bfloat16", 3e-2)])

@@ -17,7 +17,7 @@ from plans import Chunk, make_plan
 from tiny_models import build_tiny_checkpoint
 
 from core.config import CacheConfig, EngineConfig, ModelConfig
-from core.runner import ModelRunner
+from core.execution.runner import ModelRunner
 
 BLOCK = 16
 

@@ -11,8 +11,8 @@ from test_sampler import make_plan
 from test_sampler_statistics import assert_draws_follow, filtered_distribution, mixed_batch
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from core.runner import ModelRunner
-from core.sampler import SamplingTensors, sample_tokens
+from core.execution.runner import ModelRunner
+from core.execution.sampler import SamplingTensors, sample_tokens
 
 VOCAB = 151_936
 

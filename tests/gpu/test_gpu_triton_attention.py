@@ -18,10 +18,10 @@ import torch
 from plans import Chunk, make_plan
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from core.attention.backend import AttentionMetadata, write_kv
-from core.attention.reference import ReferenceAttention
 from core.config import CacheConfig, EngineConfig, ModelConfig
-from core.runner import ModelRunner
+from core.execution.attention.backend import AttentionMetadata, write_kv
+from core.execution.attention.reference import ReferenceAttention
+from core.execution.runner import ModelRunner
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 40, 8, 128
 SCALE = HEAD_DIM**-0.5
@@ -39,7 +39,7 @@ def exact_float32_sdpa(dtype: torch.dtype):
 def triton_attention():
     # Imported here, not at the top: on a CPU machine tests/test_triton_attention.py must be the
     # first to import the kernels, after setting TRITON_INTERPRET=1.
-    from core.attention.triton_backend import TritonAttention
+    from core.execution.attention.triton_backend import TritonAttention
 
     return TritonAttention
 

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from core.kv.block_pool import BlockPool
+from core.scheduling.block_pool import BlockPool
 
 _TOKEN_BYTES = 4  # keys are the int32 bytes of the token ids: compact, and compared by memcmp
 

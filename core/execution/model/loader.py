@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from core.model.layers import CheckpointSlice
+from core.execution.model.layers import CheckpointSlice
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

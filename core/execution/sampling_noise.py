@@ -11,7 +11,7 @@ The hash is murmur3's 32-bit finalizer. The keys are hashed on the host (numpy);
 runs on int64 tensors holding values in [0, 2^32):
 a 32-bit product can reach 2^64 and overflow int64 (undefined in C++, so CPU and CUDA need not
 agree), so `_mul32` multiplies by 16-bit halves of the constant and every intermediate stays below
-2^49. core/sampling_kernels.py computes the same bits with uint32 arithmetic inside its kernels. The
+2^49. core/execution/sampling_kernels.py computes the same bits with uint32 arithmetic inside its kernels. The
 integer part is bit-exact everywhere; -log is taken in float64, where CPU and CUDA agree to well
 below float32 resolution.
 """

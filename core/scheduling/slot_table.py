@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.plan import StepPlan
-from core.request import Request
+from core.scheduling.request import Request
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ id. With p_i = exp((logit_i - max logit) / temperature), the probability relativ
   top_p  keeps a token while the mass of the kept tokens before it is below top_p of the kept mass
          (so the top token always stays, and the set is the smallest prefix reaching top_p);
 and the token drawn is the kept token with the largest p_i / E_i, E_i the request's seeded Exp(1)
-noise of token i (core/sampling_noise.py). That exponential race picks token i with probability
+noise of token i (core/execution/sampling_noise.py). That exponential race picks token i with probability
 p_i / sum of kept p, so nothing is renormalized, and a token's noise does not depend on the others.
 
 Neither path sorts the vocabulary or draws noise for all of it:
@@ -22,14 +22,14 @@ Neither path sorts the vocabulary or draws noise for all of it:
   nucleus: the same token a sort would give. A round rarely rejects more than a few times, since the
   race favours the probable tokens, which are the nucleus.
 
-core/sampling_kernels.py runs the same two paths as Triton kernels on the GPU.
+core/execution/sampling_kernels.py runs the same two paths as Triton kernels on the GPU.
 """
 
 from __future__ import annotations
 
 import torch
 
-from core.sampling_noise import noise_at
+from core.execution.sampling_noise import noise_at
 
 
 def relative_probs(logits: torch.Tensor, temperature: torch.Tensor, top: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from core.attention.backend import AttentionBackend, AttentionMetadata, write_kv
+from core.execution.attention.backend import AttentionBackend, AttentionMetadata, write_kv
 
 
 class ReferenceAttention(AttentionBackend):

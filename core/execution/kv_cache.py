@@ -1,6 +1,6 @@
 """The paged KV cache tensors of one rank: for every layer, K and V of shape
 [num_pages, block_size, kv_heads_per_rank, head_dim]. Which page belongs to whom is the
-scheduler's business (core/kv/block_pool.py); this file only holds the memory."""
+scheduler's business (core/scheduling/block_pool.py); this file only holds the memory."""
 
 from __future__ import annotations
 

@@ -4,13 +4,13 @@ that could never run, instead of letting it wait forever.
 A request can never run when it is not new, its prompt is empty, prompt + max_tokens exceed
 max_model_len, its pages (prompt + max_tokens - 1 tokens: the last sampled token never gets KV)
 outnumber the whole pool, or, with chunked prefill off, its prompt is longer than one step's
-token budget. Used by core/scheduler.py's add_request.
+token budget. Used by core/scheduling/scheduler.py's add_request.
 """
 
 from __future__ import annotations
 
 from core.config import SchedulerConfig
-from core.request import Request, RequestStatus
+from core.scheduling.request import Request, RequestStatus
 
 
 def why_never_runs(request: Request, config: SchedulerConfig, max_model_len: int, block_size: int,

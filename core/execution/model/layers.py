@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.distributed import TPGroup
-from core.model.fused import add_rms_norm, rms_norm
+from core.execution.distributed import TPGroup
+from core.execution.model.fused import add_rms_norm, rms_norm
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 class RotaryEmbedding(nn.Module):
     """Qwen3's RoPE (rotate-half form): cos/sin precomputed in float32 for every position, applied
-    together with the q/k norm by `core.model.fused.qk_norm_rope`."""
+    together with the q/k norm by `core.execution.model.fused.qk_norm_rope`."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()

@@ -1,7 +1,7 @@
 """The two device functions both Triton attention kernels are built from: gathering a tile of K/V
 rows out of the pages, and folding a tile of scores into a running (online) softmax.
 
-Used by core/attention/triton_decode.py and core/attention/triton_extend.py, never launched alone.
+Used by triton_decode.py and triton_extend.py beside it, never launched alone.
 A cache is [num_pages, block_size, kv_heads, head_dim] with head_dim contiguous; token `t` of a
 request lives at page `block_table[t // block_size]`, slot `t % block_size`.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Set
 
 from core.plan import StepResult
-from core.request import Request, RequestOutput, RequestStatus
+from core.scheduling.request import Request, RequestOutput, RequestStatus
 
 
 def stop_status(request: Request, token: int, eos_token_ids: Set[int],

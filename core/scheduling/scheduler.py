@@ -12,7 +12,7 @@ the NEWEST running request is preempted by recompute: its written pages go to th
 it returns to the front of the waiting queue with nothing computed, and its recompute mostly hits
 the cache. The oldest running request is never preempted, so the batch always makes progress.
 
-Admission rejects (RequestRejectedError) what could never run (core/admission.py says what).
+Admission rejects (RequestRejectedError) what could never run (core/scheduling/admission.py says what).
 Without chunked prefill a prompt runs whole, waiting for a step with room;
 only a recompute longer than a whole step (prompt + output after a preemption) is chunked anyway.
 long_prefill_token_threshold caps a chunk only when chunked prefill is on.
@@ -38,16 +38,16 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from core.admission import why_never_runs
 from core.config import CacheConfig, SchedulerConfig
-from core.kv.block_pool import BlockPool
-from core.kv.radix_cache import RadixCache
-from core.kv.request_pages import RequestPages
 from core.plan import StepPlan, StepResult
-from core.request import Request, RequestOutput, RequestStatus
-from core.request_outcome import final_output, stop_status, token_output
-from core.scheduler_stats import SchedulerStats
-from core.slot_table import ScheduledChunk, SlotTable
+from core.scheduling.admission import why_never_runs
+from core.scheduling.block_pool import BlockPool
+from core.scheduling.radix_cache import RadixCache
+from core.scheduling.request import Request, RequestOutput, RequestStatus
+from core.scheduling.request_outcome import final_output, stop_status, token_output
+from core.scheduling.request_pages import RequestPages
+from core.scheduling.scheduler_stats import SchedulerStats
+from core.scheduling.slot_table import ScheduledChunk, SlotTable
 
 _SEED_RANGE = 2**63
 

@@ -9,7 +9,7 @@ Three conversations, each one-way in its types:
   SchedulerStatus out. The launcher also sends ReplicaDown and Shutdown to the scheduler.
 * scheduler <-> executors: StepReady, Ping and Stop on a replica's doorbell (the plan itself is in
   the shared-memory ring, or in a frame after StepReady when it does not fit a slot); StepDone and
-  Pong back. StepDone carries its arrays as raw frames (see procs/step_frames.py).
+  Pong back. StepDone carries its arrays as raw frames (see ipc/step_frames.py).
 
 Startup: every child writes one Ready, encoded, to a pipe its launcher reads.
 """
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.config import EngineConfig
-from core.request import RequestOutput
 from core.sampling_params import SamplingParams
-from core.scheduler_stats import SchedulerStats
+from core.scheduling.request import RequestOutput
+from core.scheduling.scheduler_stats import SchedulerStats
 from ipc.codec import InvalidItem, items_fail_alone, message
 
 # --- clients <-> tokenizer --------------------------------------------------------------------------

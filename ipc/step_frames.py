@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.plan import StepResult
-from procs.messages import StepDone
+from ipc.messages import StepDone
 
 
 def result_to_frames(result: StepResult, rank: int) -> tuple[StepDone, list[memoryview]]:

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from core.attention.triton_tiles import (
+from core.execution.attention.triton_tiles import (
     SOFTMAX_MIN,
     dot_precision,
     load_kv_tile,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from core.attention.backend import AttentionBackend
+from core.execution.attention.backend import AttentionBackend
 
 BACKENDS = ("reference", "triton")
 
@@ -13,12 +13,12 @@ BACKENDS = ("reference", "triton")
 def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
     """The attention backend called `name` for a model on `device`."""
     if name == "reference":
-        from core.attention.reference import ReferenceAttention
+        from core.execution.attention.reference import ReferenceAttention
 
         return ReferenceAttention()
     if name == "triton":
         # Imported here: triton is only needed (and only installed) where this backend runs.
-        from core.attention.triton_backend import TritonAttention
+        from core.execution.attention.triton_backend import TritonAttention
 
         return TritonAttention(device)
     raise ValueError(f"unknown attention backend {name!r}: use one of {', '.join(BACKENDS)}")

@@ -1,7 +1,7 @@
 """Writing a step's new K and V rows into their pages, both in one Triton launch.
 
 Called by TritonAttention.forward before attention reads the pages. Same contract as
-`core.attention.backend.write_kv` (two torch index_copy_ calls): token t's rows go to
+`core.execution.attention.backend.write_kv` (two torch index_copy_ calls): token t's rows go to
 slot_mapping[t] = page * block_size + offset. A negative slot means "write nothing" (padding).
 """
 
@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from core.attention.triton_tiles import next_power_of_2
+from core.execution.attention.triton_tiles import next_power_of_2
 
 
 @triton.jit

@@ -19,17 +19,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.attention import make_backend
-from core.attention.backend import AttentionBackend, AttentionMetadata
 from core.config import EngineConfig
-from core.decode_graphs import DecodeGraphs
-from core.distributed import TPGroup
-from core.host_to_device import to_device
-from core.kv.kv_cache import KVCache
-from core.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
-from core.model.qwen3 import Qwen3ForCausalLM
+from core.execution.attention import make_backend
+from core.execution.attention.backend import AttentionBackend, AttentionMetadata
+from core.execution.decode_graphs import DecodeGraphs
+from core.execution.distributed import TPGroup
+from core.execution.host_to_device import to_device
+from core.execution.kv_cache import KVCache
+from core.execution.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
+from core.execution.model.qwen3 import Qwen3ForCausalLM
+from core.execution.sampler import Sampler, SamplingTensors
 from core.plan import StepPlan, StepResult
-from core.sampler import Sampler, SamplingTensors
 
 # Without a GPU to profile, a CPU replica gives its KV cache this much memory unless told otherwise.
 CPU_KV_CACHE_BYTES = 1 << 30

@@ -10,7 +10,7 @@ Steps that are not pure decodes, or larger than the ladder, run eagerly. Graphs 
 outputs: the same kernels run on the same data.
 
 Each size also has a sampling graph, replayed right after the forward when a step samples randomly:
-the argmax, the top-k pass and the two sampling kernels of core/sampler.py's `sample_tokens`, over
+the argmax, the top-k pass and the two sampling kernels of core/execution/sampler.py's `sample_tokens`, over
 the forward's logits, with the rows' settings copied into static buffers (padding rows get
 temperature 0, which the kernels skip). It takes every row whose top_k is below GRAPH_CANDIDATES
 and any top_p / min_p; a step with penalties or a larger top_k samples eagerly, from the same
@@ -25,11 +25,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from core.attention.backend import AttentionBackend, AttentionMetadata
-from core.host_to_device import pinned
-from core.kv.kv_cache import KVCache
+from core.execution.attention.backend import AttentionBackend, AttentionMetadata
+from core.execution.host_to_device import pinned
+from core.execution.kv_cache import KVCache
+from core.execution.sampler import SamplingTensors, candidate_count, sampling_kernels
 from core.plan import StepPlan
-from core.sampler import SamplingTensors, candidate_count, sampling_kernels
 
 # Candidates the sampling graph takes per row: rows with a top_k up to 63 (Qwen3's default is 20).
 GRAPH_CANDIDATES = 64
@@ -107,7 +107,7 @@ class DecodeGraphs:
 
     def can_sample(self, st: SamplingTensors) -> bool:
         """Whether the sampling graph draws this step's tokens: rows that sample randomly, none with
-        penalties, every top_k one the graph's candidates hold (core/sampler.py's `candidate_count`)."""
+        penalties, every top_k one the graph's candidates hold (sampler.py's `candidate_count`)."""
         if self._last_size not in self._sampling_graphs or st.all_greedy or st.any_penalties:
             return False
         vocab_size = self._logits[self._last_size].shape[1]

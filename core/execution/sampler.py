@@ -11,11 +11,11 @@ Per row, in this order:
      output tokens only);
   3. temperature 0 -> argmax (ties go to the lowest id); otherwise min_p, top_k and top_p filter the
      tempered distribution and a seeded exponential race draws from what they keep: the top-k path
-     for rows with a top_k, the full-row path for the others (core/sampling_paths.py defines both;
-     core/sampling_kernels.py runs them on the GPU). The noise depends only on (seed, output_pos,
+     for rows with a top_k, the full-row path for the others (core/execution/sampling_paths.py defines both;
+     core/execution/sampling_kernels.py runs them on the GPU). The noise depends only on (seed, output_pos,
      token id), so a seeded request draws the same tokens in any batch.
 
-`sample_tokens` is step 3 alone; core/decode_graphs.py captures its kernels in the decode graph.
+`sample_tokens` is step 3 alone; core/execution/decode_graphs.py captures its kernels in the decode graph.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from core import sampling_paths
-from core.host_to_device import to_device
+from core.execution import sampling_paths
+from core.execution.host_to_device import to_device
+from core.execution.sampling_noise import noise_keys
 from core.plan import StepPlan
-from core.sampling_noise import noise_keys
 
 try:
-    from core import sampling_kernels
+    from core.execution import sampling_kernels
 except ImportError:  # an install without triton: the torch paths serve every device
     sampling_kernels = None
 
@@ -54,7 +54,7 @@ class SamplingTensors:
     presence_penalty: torch.Tensor  # float32 [N]
     frequency_penalty: torch.Tensor  # float32 [N]
     num_logprobs: torch.Tensor  # int32 [N]  -1 = none, 0 = sampled token only, K = also the top K
-    keys: torch.Tensor  # int64 [2, N]  noise keys of each row's draw (core/sampling_noise.py)
+    keys: torch.Tensor  # int64 [2, N]  noise keys of each row's draw (core/execution/sampling_noise.py)
     # Penalty history flattened to one entry per (row, token occurrence), only for rows with penalties.
     history_rows: torch.Tensor  # int64 [H]  row in 0..N-1
     history_ids: torch.Tensor  # int64 [H]  token id
@@ -216,7 +216,7 @@ def sample_tokens(logits: torch.Tensor, st: SamplingTensors, use_triton: bool | 
     """Token ids [N] (int64) of the rows of `logits` [N, V] (float32, already penalized).
 
     Greedy rows take the argmax (ties to the lowest id); random rows go down the top-k path or the
-    full-row path (core/sampling_paths.py): Triton kernels on the GPU, torch ops otherwise."""
+    full-row path (core/execution/sampling_paths.py): Triton kernels on the GPU, torch ops otherwise."""
     tokens = logits.argmax(dim=-1)  # first maximum on CPU and CUDA: ties go to the lowest id
     if st.all_greedy:
         return tokens

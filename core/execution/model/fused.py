@@ -2,7 +2,7 @@
 
 At decode batch sizes a layer's matmuls are short and the small elementwise kernels between them
 add up: unfused, a float32 RMSNorm is about six torch kernels, q/k norm plus RoPE about sixteen,
-SiLU * up three, plus the residual adds. Called by core/model/layers.py and core/model/qwen3.py:
+SiLU * up three, plus the residual adds. Called by layers.py and qwen3.py beside it:
 
 - `add_rms_norm`: the residual add and the next RMSNorm (`rms_norm`: the norm alone), one row a program.
 - `qk_norm_rope`: Qwen3's per-head RMSNorm of q and k, then rotate-half RoPE; q and k in one launch,

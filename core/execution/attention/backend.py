@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.host_to_device import to_device
+from core.execution.host_to_device import to_device
 from core.plan import StepPlan
 
 

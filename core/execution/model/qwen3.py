@@ -3,7 +3,7 @@
 The modules mirror the Hugging Face checkpoint (`Qwen3Attention`, `Qwen3MLP`, ...), so every
 checkpoint tensor maps to one parameter slice (`checkpoint_slices`). q/k/v and gate/up are packed
 into one column-parallel matmul each; o_proj and down_proj are row-parallel and all-reduce. The
-elementwise work between the matmuls runs as fused kernels (core/model/fused.py); for that the
+elementwise work between the matmuls runs as fused kernels (core/execution/model/fused.py); for that the
 residual stream travels beside each layer's output, as in vLLM, and the next norm adds it.
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.attention.backend import AttentionBackend, AttentionMetadata
 from core.config import ModelConfig
-from core.distributed import TPGroup
-from core.kv.kv_cache import KVCache
-from core.model.fused import qk_norm_rope, silu_mul
-from core.model.layers import (
+from core.execution.attention.backend import AttentionBackend, AttentionMetadata
+from core.execution.distributed import TPGroup
+from core.execution.kv_cache import KVCache
+from core.execution.model.fused import qk_norm_rope, silu_mul
+from core.execution.model.layers import (
     CheckpointSlice,
     ColumnParallelLinear,
     ParallelLMHead,

@@ -10,10 +10,10 @@ each request's block-table row for the plans.
 
 from __future__ import annotations
 
-from core.kv.block_pool import BlockPool
-from core.kv.radix_cache import Match, RadixCache
-from core.request import Request
-from core.slot_table import SlotTable
+from core.scheduling.block_pool import BlockPool
+from core.scheduling.radix_cache import Match, RadixCache
+from core.scheduling.request import Request
+from core.scheduling.slot_table import SlotTable
 
 
 class RequestPages:

@@ -17,16 +17,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.attention.backend import AttentionBackend, AttentionMetadata
-from core.attention.triton_decode import (
+from core.execution.attention.backend import AttentionBackend, AttentionMetadata
+from core.execution.attention.triton_decode import (
     MIN_SPLIT_TOKENS,
     DecodeSplits,
     decode_attention,
     decode_tiles,
     plan_splits,
 )
-from core.attention.triton_extend import ExtendTiles, extend_attention, extend_tiles, extend_work_list
-from core.attention.triton_kv_write import write_kv_paged
+from core.execution.attention.triton_extend import (
+    ExtendTiles,
+    extend_attention,
+    extend_tiles,
+    extend_work_list,
+)
+from core.execution.attention.triton_kv_write import write_kv_paged
 
 # The Triton interpreter (CPU) runs programs one after another: a few "SMs" keep test launches small.
 INTERPRETER_NUM_SMS = 4

@@ -1,6 +1,6 @@
 """The sampler's two random paths as Triton kernels, one program per row (GPU; CPU interpreter in tests).
 
-Same rule and same noise as core/sampling_paths.py, which defines them; only the float32 sums differ
+Same rule and same noise as core/execution/sampling_paths.py, which defines them; only the float32 sums differ
 in their order, so a draw can differ from the torch path only where two scores, or a kept mass and
 top_p, agree to the last bits. Both kernels take every row of the step and write the rows of their
 own path into `out`, leaving the others: `sample_candidates` the rows with temperature > 0 and
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from core.sampling_noise import FMIX_C1, FMIX_C2, TOKEN_SALT
+from core.execution.sampling_noise import FMIX_C1, FMIX_C2, TOKEN_SALT
 
 _C1 = tl.constexpr(FMIX_C1)
 _C2 = tl.constexpr(FMIX_C2)
@@ -37,7 +37,7 @@ def _fmix32(x):
 
 @triton.jit
 def _noise(token_ids, key_a, key_b):
-    """Exp(1) noise of `token_ids` (int64) in the draw keyed (key_a, key_b): core/sampling_noise.noise_at."""
+    """Exp(1) noise of `token_ids` (int64) in the draw keyed (key_a, key_b): sampling_noise.noise_at."""
     h = _fmix32(_fmix32(token_ids.to(tl.uint32) ^ tl.full(token_ids.shape, _TOKEN_SALT, tl.uint32)) ^ key_a)
     h = _fmix32(h + key_b)
     uniform = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10  # 2^-32
