@@ -13,9 +13,10 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from core.registry import LINEAR_METHODS, MODEL_TYPES, attention_backend_choices
+
 DTYPES = ("float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-ATTENTION_BACKENDS = ("auto", "triton", "reference")
 
 
 class ConfigError(ValueError):
@@ -60,6 +61,9 @@ class ModelConfig:
     model_path: str | None = None
     load_format: str = "auto"
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
+    model_type: str = "qwen3"  # config.json's model_type: which model class serves it (core/registry.py)
+    # config.json's quantization_config.quant_method; None: the weights are stored in `dtype`.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -71,6 +75,12 @@ class ModelConfig:
                 f"model {self.name}: num_attention_heads {self.num_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_kv_heads}"
             )
+        if self.model_type not in MODEL_TYPES:
+            raise ConfigError(f"model {self.name}: model_type {self.model_type!r} is not served: "
+                              f"use one of {', '.join(MODEL_TYPES)}")
+        if self.quantization not in LINEAR_METHODS:
+            raise ConfigError(f"model {self.name}: quantization {self.quantization!r} is not supported: "
+                              f"Cadence loads {_quantization_names()}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.load_format not in LOAD_FORMATS:
@@ -112,10 +122,14 @@ class ModelConfig:
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read {config_file}: {exc}") from exc
         model_type = hf.get("model_type")
-        if model_type != "qwen3":
+        if model_type not in MODEL_TYPES:
             raise ConfigError(
-                f"{config_file}: model_type is {model_type!r}; Cadence serves Qwen3 dense models (qwen3)"
+                f"{config_file}: model_type is {model_type!r}; Cadence serves {', '.join(MODEL_TYPES)}"
             )
+        quantization = (hf.get("quantization_config") or {}).get("quant_method")
+        if quantization not in LINEAR_METHODS:
+            raise ConfigError(f"{config_file}: quantization {quantization!r} is not supported: "
+                              f"Cadence loads {_quantization_names()}")
         if hf.get("attention_bias", False):
             raise ConfigError(f"{config_file}: attention_bias=true is not supported by Cadence's Qwen3")
         if hf.get("use_sliding_window", False):
@@ -146,6 +160,8 @@ class ModelConfig:
                 dtype=_dtype_from_hf(hf.get("torch_dtype") or hf.get("dtype")),
                 model_path=str(directory),
                 generation=_read_generation_config(directory, eos),
+                model_type=model_type,
+                quantization=quantization,
             )
         except KeyError as exc:
             raise ConfigError(f"{config_file} lacks the field {exc.args[0]!r}") from exc
@@ -161,6 +177,10 @@ class ModelConfig:
         raise ConfigError(
             f"{name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a model directory"
         )
+
+
+def _quantization_names() -> str:
+    return ", ".join("unquantized checkpoints" if name is None else name for name in LINEAR_METHODS)
 
 
 def _dtype_from_hf(value: str | None) -> str:
@@ -303,13 +323,13 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "cpu"
     seed: int = 0
-    attention_backend: str = "auto"  # "triton" on CUDA, "reference" on the CPU
+    attention_backend: str = "auto"  # a name of core/registry.py's ATTENTION_BACKENDS, or auto
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
 
     def __post_init__(self) -> None:
-        if self.attention_backend not in ATTENTION_BACKENDS:
+        if self.attention_backend not in attention_backend_choices():
             raise ConfigError(f"unknown attention backend {self.attention_backend!r}: use one of "
-                              f"{', '.join(ATTENTION_BACKENDS)}")
+                              f"{', '.join(attention_backend_choices())}")
         m, tp = self.model, self.parallel.tp_size
         for what, value in (("num_attention_heads", m.num_heads), ("num_key_value_heads", m.num_kv_heads),
                             ("intermediate_size", m.intermediate_size), ("vocab_size", m.vocab_size)):

@@ -17,6 +17,7 @@ from core.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from core.registry import AUTO_ATTENTION_BACKENDS, attention_backend_choices
 from procs.launcher import LaunchOptions
 
 DEFAULT_MODEL = "qwen3-tiny"
@@ -61,8 +62,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="radix prefix cache over the KV pages (default: on)")
     group.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                        help="auto: the checkpoint's safetensors, or dummy weights for a preset")
-    group.add_argument("--attention-backend", choices=("auto", "triton", "reference"), default="auto",
-                       help="auto: triton on GPU, reference (plain torch) on CPU")
+    group.add_argument("--attention-backend", choices=attention_backend_choices(), default="auto",
+                       help=f"auto: {AUTO_ATTENTION_BACKENDS['cuda']} on GPU, "
+                            f"{AUTO_ATTENTION_BACKENDS['cpu']} on CPU")
     group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                        help="plan the next step while the current one runs, two steps in flight per "
                             "replica (default: on)")

@@ -45,7 +45,7 @@ def tied_checkpoint(tmp_path, saved_checkpoints):
 
 def load(directory) -> Qwen3ForCausalLM:
     model = Qwen3ForCausalLM(ModelConfig.from_pretrained(directory, dtype="float32"), TPGroup())
-    load_checkpoint(model, directory, torch.float32, show_progress=False)
+    load_checkpoint(model, directory, show_progress=False)
     return model
 
 

@@ -181,7 +181,22 @@ def test_unparseable_config_json_names_the_file(tiny_dir):
 
 def test_other_model_type_is_refused_naming_it(tiny_dir):
     edit_config_json(tiny_dir, lambda hf: hf.update(model_type="llama"))
-    with pytest.raises(ConfigError, match="model_type is 'llama'; Cadence serves Qwen3 dense models"):
+    with pytest.raises(ConfigError, match="model_type is 'llama'; Cadence serves qwen3"):
+        ModelConfig.from_pretrained(tiny_dir)
+
+
+def test_model_type_and_quantization_are_read_from_config_json(tiny_dir):
+    m = ModelConfig.from_pretrained(tiny_dir)
+    assert (m.model_type, m.quantization) == ("qwen3", None)
+    with pytest.raises(ConfigError, match="model small: model_type 'llama' is not served: use one of qwen3"):
+        small_model(model_type="llama")
+
+
+def test_quantized_checkpoint_of_an_unsupported_format_is_refused_naming_it(tiny_dir):
+    edit_config_json(tiny_dir, lambda hf: hf.update(
+        quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}))
+    with pytest.raises(ConfigError, match="config.json: quantization 'fp8' is not supported: "
+                                          "Cadence loads unquantized checkpoints"):
         ModelConfig.from_pretrained(tiny_dir)
 
 

@@ -54,7 +54,7 @@ class DecodeGraphs:
         self.block_table = torch.zeros(max_batch, max_pages, dtype=torch.int32, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
-        self._keep: list[object] = []  # per-graph launch state (split scratch) that must outlive it
+        self._keep: list[object] = []  # per graph, the backend's launch_state (split scratch) it writes
         # The sampling graphs' static settings (temperature, top_p, min_p / top_k, noise keys) and draws.
         self.floats = torch.zeros(3, max_batch, dtype=torch.float32, device=device)
         self.ints = torch.zeros(3, max_batch, dtype=torch.int64, device=device)
@@ -76,7 +76,7 @@ class DecodeGraphs:
             with torch.cuda.graph(graph, pool=pool):
                 self._logits[size] = self._forward(model, backend, kv_cache, meta, size)
             self._graphs[size] = graph
-            self._keep.append(getattr(backend, "_step", None))
+            self._keep.append(backend.launch_state())
             if sampling_kernels is not None:
                 self._capture_sampling(size, pool)
         torch.cuda.synchronize(device)

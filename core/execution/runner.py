@@ -26,10 +26,12 @@ from core.execution.decode_graphs import DecodeGraphs
 from core.execution.distributed import TPGroup
 from core.execution.host_to_device import to_device
 from core.execution.kv_cache import KVCache
+from core.execution.model.causal_lm import CausalLM
 from core.execution.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
-from core.execution.model.qwen3 import Qwen3ForCausalLM
+from core.execution.registry import load
 from core.execution.sampler import Sampler, SamplingTensors
 from core.plan import StepPlan, StepResult
+from core.registry import MODEL_TYPES
 
 # Without a GPU to profile, a CPU replica gives its KV cache this much memory unless told otherwise.
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -45,16 +47,18 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def build_model(config: EngineConfig, tp: TPGroup, show_progress: bool = True) -> Qwen3ForCausalLM:
-    """Construct this rank's shard on its device and fill it (checkpoint or dummy weights)."""
+def build_model(config: EngineConfig, tp: TPGroup, show_progress: bool = True) -> CausalLM:
+    """Construct this rank's shard of the model class registered for the config's model_type, on its
+    device, and fill it (checkpoint or dummy weights)."""
     dtype = TORCH_DTYPES[config.model.dtype]
     device = torch.device(config.device)
+    model_class = load(MODEL_TYPES, config.model.model_type, "model type")
     with torch.device(device), _default_dtype(dtype):
-        model = Qwen3ForCausalLM(config.model, tp)
+        model = model_class(config.model, tp)
     if config.model.weights_are_dummy:
         load_dummy(model, config.seed, device, dtype)
     else:
-        load_checkpoint(model, config.model.model_path, dtype, show_progress=show_progress)
+        load_checkpoint(model, config.model.model_path, show_progress=show_progress)
     return model.eval()
 
 
@@ -81,10 +85,7 @@ class ModelRunner:
         self.tp = tp = tp or TPGroup()
         self.device = torch.device(config.device)
         self.dtype = TORCH_DTYPES[config.model.dtype]
-        backend_name = config.attention_backend
-        if backend_name == "auto":
-            backend_name = "triton" if self.device.type == "cuda" else "reference"
-        self.backend = backend or make_backend(backend_name, self.device)
+        self.backend = backend or make_backend(config.attention_backend, self.device)
         self.model = build_model(config, tp, show_progress=show_progress)
         self.sampler = Sampler()
         # The fraction of the card this runner may plan with: 1/N when N executors share one card.
@@ -157,9 +158,10 @@ class ModelRunner:
         torch.cuda.empty_cache()
 
     def _capture_graphs(self) -> DecodeGraphs | None:
-        """CUDA graphs of the decode step, on one GPU rank with the Triton backend (see decode_graphs)."""
+        """CUDA graphs of the decode step, on one GPU rank with a backend that supports them (see
+        decode_graphs)."""
         if (self.device.type != "cuda" or self.config.enforce_eager or self.tp.size > 1
-                or self.backend.name != "triton"):
+                or not self.backend.supports_decode_graphs):
             return None
         with torch.inference_mode():
             return DecodeGraphs(self.model, self.backend, self.kv_cache, self.config.scheduler.max_num_seqs,

@@ -2,7 +2,9 @@
 
 Every backend takes the new tokens' q, k and v of one step (any mix of prefill chunks and
 decodes), writes k and v into their pages, and attends each query over its request's pages,
-causal inside the chunk. The model never knows which backend runs it.
+causal inside the chunk. The model never knows which backend runs it. A backend is registered by
+name in core/registry.py ATTENTION_BACKENDS and built by `make_backend` (this package's
+__init__.py) as `cls(device)`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     name: str
+    # Whether a CUDA graph may capture forward: given meta.static_shapes, its launches depend on the
+    # tensors' shapes alone, never on the host arrays' values (core/execution/decode_graphs.py).
+    supports_decode_graphs: bool = False
 
     @abstractmethod
     def forward(
@@ -67,6 +72,12 @@ class AttentionBackend(ABC):
         scale: float,
     ) -> torch.Tensor:  # [T, q_heads, head_dim]
         """Write k and v into their slots, then attend every query over its request's pages."""
+
+    def launch_state(self) -> object | None:
+        """What the last forward's launches read or write besides their arguments (scratch buffers):
+        a CUDA graph captured over that forward must keep it alive for as long as it may replay.
+        None when forward leaves nothing behind."""
+        return None
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

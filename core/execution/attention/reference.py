@@ -12,6 +12,10 @@ from core.execution.attention.backend import AttentionBackend, AttentionMetadata
 class ReferenceAttention(AttentionBackend):
     name = "reference"
 
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        """Built as every backend is, from its device, which it does not need: it runs wherever its
+        tensors are."""
+
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         block_size = k_cache.shape[1]

@@ -54,10 +54,10 @@ class _StepLaunch:
 
 class TritonAttention(AttentionBackend):
     name = "triton"
+    supports_decode_graphs = True
 
-    def __init__(self, device: torch.device | str | None = None,
-                 min_split_tokens: int = MIN_SPLIT_TOKENS) -> None:
-        device = torch.device(device if device is not None else "cuda")
+    def __init__(self, device: torch.device | str = "cuda", min_split_tokens: int = MIN_SPLIT_TOKENS) -> None:
+        device = torch.device(device)
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
             self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
@@ -69,6 +69,10 @@ class TritonAttention(AttentionBackend):
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv_paged(k, v, k_cache, v_cache, meta.slot_mapping)
         return self.attend(q, k_cache, v_cache, meta, scale)
+
+    def launch_state(self) -> _StepLaunch | None:
+        """The last step's launch, whose split scratch buffers (partial_out, partial_lse) a graph writes."""
+        return self._step
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:

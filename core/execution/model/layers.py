@@ -2,44 +2,21 @@
 
 Each sharded layer records, for every checkpoint tensor it is built from, which slice of that tensor
 this rank holds and where it goes in the layer's parameter (`CheckpointSlice`). The loader is then
-one generic loop: look the name up, read the slice straight from the file, copy it in.
+one generic loop: look the name up, read the slice straight from the file, copy it in. The linear
+layers split their matrices over the ranks and leave the weight's parameters, the checkpoint
+tensors behind them and the matmul to their LinearMethod (linear_method.py).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from core.execution.distributed import TPGroup
+from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fused import add_rms_norm, rms_norm
-
-
-@dataclass(frozen=True)
-class CheckpointSlice:
-    """Rows or columns [start, start + length) along `dim` of a checkpoint tensor of shape
-    `full_shape`, copied into the parameter at `dest_offset` along the same dim."""
-
-    full_shape: tuple[int, ...]
-    dim: int = 0
-    start: int = 0
-    length: int | None = None  # None: the whole tensor, unsharded
-    dest_offset: int = 0
-
-    def read(self, tensor_slice) -> torch.Tensor:
-        """Read this slice from a safetensors slice object or a full tensor."""
-        if self.length is None:
-            return tensor_slice[:]
-        index = [slice(None)] * len(self.full_shape)
-        index[self.dim] = slice(self.start, self.start + self.length)
-        return tensor_slice[tuple(index)]
-
-    def destination(self, param: torch.Tensor) -> torch.Tensor:
-        if self.length is None:
-            return param
-        return param.narrow(self.dim, self.dest_offset, self.length)
+from core.execution.model.linear_method import LinearMethod
 
 
 class RMSNorm(nn.Module):
@@ -57,7 +34,7 @@ class RMSNorm(nn.Module):
             return rms_norm(x, self.weight, self.eps)
         return add_rms_norm(x, residual, self.weight, self.eps)
 
-    def checkpoint_slices(self, prefix: str) -> dict[str, tuple[str, CheckpointSlice]]:
+    def checkpoint_slices(self, prefix: str) -> SliceMap:
         return {f"{prefix}.weight": ("weight", CheckpointSlice(tuple(self.weight.shape)))}
 
 
@@ -66,7 +43,8 @@ class ColumnParallelLinear(nn.Module):
     into one (q, k and v; gate and up): `out_sizes` are their full row counts, `shard_names` the
     checkpoint names' suffixes, each split separately so every rank holds its share of each."""
 
-    def __init__(self, in_features: int, out_sizes: list[int], shard_names: list[str], tp: TPGroup) -> None:
+    def __init__(self, in_features: int, out_sizes: list[int], shard_names: list[str], tp: TPGroup,
+                 linear_method: LinearMethod) -> None:
         super().__init__()
         for size, name in zip(out_sizes, shard_names):
             if size % tp.size:
@@ -76,47 +54,44 @@ class ColumnParallelLinear(nn.Module):
         self.out_sizes = out_sizes
         self.shard_names = shard_names
         self.tp = tp
-        self.weight = nn.Parameter(torch.empty(sum(self.local_sizes), in_features))
+        self.linear_method = linear_method
+        linear_method.create_weights(self, in_features, self.local_sizes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return self.linear_method.apply(self, x)
 
-    def checkpoint_slices(self, prefix: str) -> dict[str, tuple[str, CheckpointSlice]]:
-        slices, offset = {}, 0
+    def checkpoint_slices(self, prefix: str) -> SliceMap:
+        matrices, offset = {}, 0
         for name, full, local in zip(self.shard_names, self.out_sizes, self.local_sizes):
-            slices[f"{prefix}.{name}.weight"] = (
-                "weight",
-                CheckpointSlice((full, self.in_features), dim=0, start=self.tp.rank * local,
-                                length=local, dest_offset=offset),
+            matrices[f"{prefix}.{name}"] = CheckpointSlice(
+                (full, self.in_features), dim=0, start=self.tp.rank * local, length=local, dest_offset=offset
             )
             offset += local
-        return slices
+        return self.linear_method.checkpoint_slices(matrices)
 
 
 class RowParallelLinear(nn.Module):
     """y = x W^T with W's columns split over the TP ranks; the partial sums are all-reduced."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TPGroup) -> None:
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup, linear_method: LinearMethod) -> None:
         super().__init__()
         if in_features % tp.size:
             raise ValueError(f"{in_features} input features do not split over {tp.size} ranks")
         self.in_features = in_features
+        self.out_features = out_features
         self.local_in = in_features // tp.size
         self.tp = tp
-        self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
+        self.linear_method = linear_method
+        linear_method.create_weights(self, self.local_in, [out_features])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(F.linear(x, self.weight))
+        return self.tp.all_reduce(self.linear_method.apply(self, x))
 
-    def checkpoint_slices(self, prefix: str) -> dict[str, tuple[str, CheckpointSlice]]:
-        out_features = self.weight.shape[0]
-        return {
-            f"{prefix}.weight": (
-                "weight",
-                CheckpointSlice((out_features, self.in_features), dim=1, start=self.tp.rank * self.local_in,
-                                length=self.local_in),
-            )
-        }
+    def checkpoint_slices(self, prefix: str) -> SliceMap:
+        return self.linear_method.checkpoint_slices({
+            prefix: CheckpointSlice((self.out_features, self.in_features), dim=1,
+                                    start=self.tp.rank * self.local_in, length=self.local_in)
+        })
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -142,7 +117,7 @@ class VocabParallelEmbedding(nn.Module):
         out.masked_fill_(outside.unsqueeze(-1), 0)
         return self.tp.all_reduce(out)
 
-    def checkpoint_slices(self, prefix: str) -> dict[str, tuple[str, CheckpointSlice]]:
+    def checkpoint_slices(self, prefix: str) -> SliceMap:
         hidden = self.weight.shape[1]
         return {
             f"{prefix}.weight": (

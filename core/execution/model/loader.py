@@ -2,9 +2,9 @@
 
 A checkpoint is one `model.safetensors` or shards listed in `model.safetensors.index.json`. Each rank
 reads only its slice of each tensor, straight from the file (safetensors slices, never the whole
-tensor), casts it and copies it into place. Dummy weights generate every checkpoint tensor in its
-full shape on the target device from (seed, tensor name) and then take the same slices, so a TP=2
-dummy model holds exactly the TP=1 weights split in two.
+tensor), casts it to its parameter's dtype and copies it into place. Dummy weights generate every
+checkpoint tensor in its full shape on the target device from (seed, tensor name) and then take the
+same slices, so a TP=2 dummy model holds exactly the TP=1 weights split in two.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from core.execution.model.layers import CheckpointSlice
+from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,10 +65,9 @@ def _tensor_names(path: Path) -> list[str]:
         raise CheckpointError(f"cannot read checkpoint file {path}: {exc}") from exc
 
 
-def load_checkpoint(model: torch.nn.Module, directory: str | Path, dtype: torch.dtype,
-                    show_progress: bool = True) -> None:
+def load_checkpoint(model: torch.nn.Module, directory: str | Path, show_progress: bool = True) -> None:
     """Load this rank's slices of the checkpoint in `directory` into `model`."""
-    wanted: dict[str, tuple[str, CheckpointSlice]] = model.checkpoint_slices()
+    wanted: SliceMap = model.checkpoint_slices()
     files = checkpoint_files(directory)
     missing = sorted(set(wanted) - set(files))
     if missing:
@@ -101,7 +100,7 @@ def load_checkpoint(model: torch.nn.Module, directory: str | Path, dtype: torch.
                         raise CheckpointError(
                             f"tensor {name} in {path.name} has shape {shape}, expected {spec.full_shape}"
                         )
-                    _copy_into(params[param_name], spec, spec.read(tensor_slice), dtype)
+                    _copy_into(params[param_name], spec, spec.read(tensor_slice))
                     progress.update()
     progress.close()
 
@@ -134,17 +133,19 @@ def dummy_tensor(name: str, shape: tuple[int, ...], seed: int, device: torch.dev
 
 
 def load_dummy(model: torch.nn.Module, seed: int, device: torch.device | str, dtype: torch.dtype) -> None:
+    """Fill `model` with the dummy tensors, drawn in `dtype` and cast to each parameter's."""
     wanted = model.checkpoint_slices()
     params = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for name, full in dummy_tensors(model, seed, device, dtype):
             param_name, spec = wanted[name]
-            _copy_into(params[param_name], spec, spec.read(full), dtype)
+            _copy_into(params[param_name], spec, spec.read(full))
             del full
 
 
-def _copy_into(param: torch.Tensor, spec: CheckpointSlice, values: torch.Tensor, dtype: torch.dtype) -> None:
+def _copy_into(param: torch.Tensor, spec: CheckpointSlice, values: torch.Tensor) -> None:
+    # The parameter's dtype, not the model's: a quantized weight keeps its own (LinearMethod).
     destination = spec.destination(param.data)
     if tuple(destination.shape) != tuple(values.shape):
         raise CheckpointError(f"slice of shape {tuple(values.shape)} does not fit {tuple(destination.shape)}")
-    destination.copy_(values.to(dtype), non_blocking=True)
+    destination.copy_(values.to(param.dtype), non_blocking=True)

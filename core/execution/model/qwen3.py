@@ -4,7 +4,8 @@ The modules mirror the Hugging Face checkpoint (`Qwen3Attention`, `Qwen3MLP`, ..
 checkpoint tensor maps to one parameter slice (`checkpoint_slices`). q/k/v and gate/up are packed
 into one column-parallel matmul each; o_proj and down_proj are row-parallel and all-reduce. The
 elementwise work between the matmuls runs as fused kernels (core/execution/model/fused.py); for that the
-residual stream travels beside each layer's output, as in vLLM, and the next norm adds it.
+residual stream travels beside each layer's output, as in vLLM, and the next norm adds it. The
+linear layers hold and multiply their weights through the checkpoint format's LinearMethod.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from core.config import ModelConfig
 from core.execution.attention.backend import AttentionBackend, AttentionMetadata
 from core.execution.distributed import TPGroup
 from core.execution.kv_cache import KVCache
+from core.execution.model.causal_lm import CausalLM
+from core.execution.model.checkpoint_slice import SliceMap
 from core.execution.model.fused import qk_norm_rope, silu_mul
 from core.execution.model.layers import (
-    CheckpointSlice,
     ColumnParallelLinear,
     ParallelLMHead,
     RMSNorm,
@@ -26,8 +28,7 @@ from core.execution.model.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-
-SliceMap = dict[str, tuple[str, CheckpointSlice]]
+from core.execution.model.linear_method import LinearMethod, linear_method_for
 
 
 def _prefixed(module_prefix: str, slices: SliceMap) -> SliceMap:
@@ -35,7 +36,7 @@ def _prefixed(module_prefix: str, slices: SliceMap) -> SliceMap:
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int, tp: TPGroup) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, tp: TPGroup, linear: LinearMethod) -> None:
         super().__init__()
         self.layer_index = layer_index
         self.num_heads = config.num_heads // tp.size
@@ -46,9 +47,9 @@ class Qwen3Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.qkv_proj = ColumnParallelLinear(
             config.hidden_size, [config.q_size, config.kv_size, config.kv_size],
-            ["q_proj", "k_proj", "v_proj"], tp,
+            ["q_proj", "k_proj", "v_proj"], tp, linear,
         )
-        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, tp)
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, tp, linear)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
@@ -76,12 +77,12 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3MLP(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup, linear: LinearMethod) -> None:
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(
-            config.hidden_size, [config.intermediate_size] * 2, ["gate_proj", "up_proj"], tp
+            config.hidden_size, [config.intermediate_size] * 2, ["gate_proj", "up_proj"], tp, linear
         )
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, tp)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, tp, linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
@@ -94,12 +95,12 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int, tp: TPGroup) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, tp: TPGroup, linear: LinearMethod) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Qwen3Attention(config, layer_index, tp)
+        self.self_attn = Qwen3Attention(config, layer_index, tp, linear)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = Qwen3MLP(config, tp)
+        self.mlp = Qwen3MLP(config, tp, linear)
 
     def forward(self, hidden, residual, positions, rope, kv_cache, backend, meta
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,10 +126,11 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup, linear: LinearMethod) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i, tp) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i, tp, linear)
+                                    for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
 
@@ -149,12 +151,10 @@ class Qwen3Model(nn.Module):
         return slices
 
 
-class Qwen3ForCausalLM(nn.Module):
+class Qwen3ForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
-        super().__init__()
-        self.config = config
-        self.tp = tp
-        self.model = Qwen3Model(config, tp)
+        super().__init__(config, tp)
+        self.model = Qwen3Model(config, tp, linear_method_for(config))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

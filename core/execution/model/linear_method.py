@@ -1,0 +1,51 @@
+"""LinearMethod: how a linear layer holds and applies its weight, the seam a quantized format fills.
+
+ColumnParallelLinear and RowParallelLinear (layers.py) own the tensor-parallel split: which rows or
+columns of each checkpoint matrix this rank holds, and the all-reduce of a row-parallel layer. Their
+LinearMethod owns the rest: which parameters the layer has (an unquantized weight; a quantized
+weight and its scales), which checkpoint tensors fill them and which slice of each this rank reads,
+and the matmul. The model never names a method: it builds layers with `linear_method_for(config)`,
+the one the checkpoint's quantization selects (core/registry.py LINEAR_METHODS). The embedding and
+the LM head are not linear layers of this kind and stay in the model's dtype.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+from core.config import ModelConfig
+from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
+from core.execution.registry import load
+from core.registry import LINEAR_METHODS
+
+
+class LinearMethod(ABC):
+    """One instance serves every linear layer of a model; it keeps its state on the layers.
+    Constructed as `cls(config)`, on the model's device and under its default dtype."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int]) -> None:
+        """Register on `layer` the parameters of this rank's weight: `in_features` columns and
+        sum(out_sizes) rows, the rows of each packed checkpoint matrix in turn (q, k, v; gate, up)."""
+
+    @abstractmethod
+    def checkpoint_slices(self, matrices: dict[str, CheckpointSlice]) -> SliceMap:
+        """The checkpoint tensors that fill the layer's parameters. `matrices` maps each checkpoint
+        matrix's name (`model.layers.0.mlp.up_proj`, without `.weight`) to the slice of its weight this
+        rank holds and where that goes in the layer's weight; the answer maps every checkpoint tensor
+        to (the layer's parameter name, its slice)."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in_features] times this rank's weight transposed: [T, sum(out_sizes)]."""
+
+
+def linear_method_for(config: ModelConfig) -> LinearMethod:
+    """The linear method of the model's checkpoint format (its `quantization`)."""
+    return load(LINEAR_METHODS, config.quantization, "quantization")(config)
