@@ -5,9 +5,9 @@ The tables name each class by its import path ("module:Class") instead of import
 scheduler's side (core/config.py validates the names, procs/args.py offers them as choices) reads
 them without torch, and so that a backend whose kernels need a package installed only where it runs
 (triton) is imported only there. The executor turns a name into its class with
-`core.execution.registry.load`. Adding a model, an attention backend or a linear method is one new
-module plus one line here (docs/architecture.md, "Adding a model, an attention backend, a linear
-method").
+`core.execution.registry.registered_class`. Adding a model, an attention backend or a linear
+method is one new module plus one line here (docs/architecture.md, "Adding a model, an attention
+backend, a linear method").
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from core.execution.model.causal_lm import CausalLM
 from core.execution.model.linear_method import LinearMethod
 from core.execution.model.qwen3 import Qwen3ForCausalLM
 from core.execution.model.unquantized_linear import UnquantizedLinearMethod
-from core.execution.registry import load
+from core.execution.registry import registered_class
 from core.execution.runner import ModelRunner
 from core.registry import ATTENTION_BACKENDS, AUTO_ATTENTION_BACKENDS, LINEAR_METHODS, MODEL_TYPES
 from procs.args import add_engine_args
@@ -91,12 +91,12 @@ def checkpoint(tmp_path_factory):
 
 def test_every_registered_name_loads_a_class_of_its_interface():
     for model_type in MODEL_TYPES:
-        assert issubclass(load(MODEL_TYPES, model_type, "model type"), CausalLM)
+        assert issubclass(registered_class(MODEL_TYPES, model_type, "model type"), CausalLM)
     for name in ATTENTION_BACKENDS:
-        backend_class = load(ATTENTION_BACKENDS, name, "attention backend")
+        backend_class = registered_class(ATTENTION_BACKENDS, name, "attention backend")
         assert issubclass(backend_class, AttentionBackend) and backend_class.name == name
     for quantization in LINEAR_METHODS:
-        assert issubclass(load(LINEAR_METHODS, quantization, "quantization"), LinearMethod)
+        assert issubclass(registered_class(LINEAR_METHODS, quantization, "quantization"), LinearMethod)
     assert set(AUTO_ATTENTION_BACKENDS.values()) <= set(ATTENTION_BACKENDS)
     assert set(AUTO_ATTENTION_BACKENDS) == {"cpu", "cuda"}, "every device a config accepts"
 
@@ -105,7 +105,7 @@ def test_unknown_names_are_refused_naming_the_registered_ones():
     with pytest.raises(ValueError, match="unknown attention backend 'flash': use one of reference, triton"):
         make_backend("flash", "cpu")
     with pytest.raises(ValueError, match="unknown model type 'llama': use one of qwen3"):
-        load(MODEL_TYPES, "llama", "model type")
+        registered_class(MODEL_TYPES, "llama", "model type")
     with pytest.raises(ConfigError, match="unknown attention backend 'flash': use one of auto, reference, "
                                           "triton"):
         EngineConfig(model=ModelConfig.from_name("qwen3-tiny"), attention_backend="flash")

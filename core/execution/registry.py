@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 
-def load(table: dict, name: str | None, what: str) -> type:
+def registered_class(table: dict, name: str | None, what: str) -> type:
     """The class registered under `name` in `table` (one of core/registry.py's tables); `what`
     names the table in the error, e.g. "attention backend"."""
     if name not in table:

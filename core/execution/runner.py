@@ -28,7 +28,7 @@ from core.execution.host_to_device import to_device
 from core.execution.kv_cache import KVCache
 from core.execution.model.causal_lm import CausalLM
 from core.execution.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
-from core.execution.registry import load
+from core.execution.registry import registered_class
 from core.execution.sampler import Sampler, SamplingTensors
 from core.plan import StepPlan, StepResult
 from core.registry import MODEL_TYPES
@@ -52,7 +52,7 @@ def build_model(config: EngineConfig, tp: TPGroup, show_progress: bool = True) -
     device, and fill it (checkpoint or dummy weights)."""
     dtype = TORCH_DTYPES[config.model.dtype]
     device = torch.device(config.device)
-    model_class = load(MODEL_TYPES, config.model.model_type, "model type")
+    model_class = registered_class(MODEL_TYPES, config.model.model_type, "model type")
     with torch.device(device), _default_dtype(dtype):
         model = model_class(config.model, tp)
     if config.model.weights_are_dummy:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from core.execution.attention.backend import AttentionBackend
-from core.execution.registry import load
+from core.execution.registry import registered_class
 from core.registry import ATTENTION_BACKENDS, AUTO_ATTENTION_BACKENDS
 
 
@@ -17,4 +17,4 @@ def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
     device = torch.device(device)
     if name == "auto":
         name = AUTO_ATTENTION_BACKENDS[device.type]
-    return load(ATTENTION_BACKENDS, name, "attention backend")(device)
+    return registered_class(ATTENTION_BACKENDS, name, "attention backend")(device)

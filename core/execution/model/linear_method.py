@@ -18,7 +18,7 @@ from torch import nn
 
 from core.config import ModelConfig
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
-from core.execution.registry import load
+from core.execution.registry import registered_class
 from core.registry import LINEAR_METHODS
 
 
@@ -48,4 +48,4 @@ class LinearMethod(ABC):
 
 def linear_method_for(config: ModelConfig) -> LinearMethod:
     """The linear method of the model's checkpoint format (its `quantization`)."""
-    return load(LINEAR_METHODS, config.quantization, "quantization")(config)
+    return registered_class(LINEAR_METHODS, config.quantization, "quantization")(config)
