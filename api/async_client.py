@@ -96,14 +96,6 @@ class RequestGroup:
             raise self._client._failure or ClientError(f"client of {self._client.address} is closed")
         return message
 
-    async def resubmit(self, request: GenerateRequest) -> None:
-        """Send a finished (e.g. refused) member again under its id."""
-        if request.request_id not in self.request_ids or request.request_id in self.unfinished:
-            raise ValueError(f"request {request.request_id!r} is not a finished member of this group")
-        self.unfinished.add(request.request_id)
-        self._client._groups[request.request_id] = self
-        await self._client._send(request)
-
     def abort(self) -> None:
         """Ask the server to end every unfinished request; each then finishes with "abort"."""
         for rid in self.unfinished:

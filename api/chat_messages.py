@@ -1,8 +1,9 @@
 """The `messages` of a chat completion request and its chat-template arguments, checked.
 
 Roles are OpenAI's (system, user, assistant, tool); content is a string or an array of text parts
-(joined with newlines); an assistant turn's `reasoning_content` goes back inside <think> tags for
-the template to split off again. Tool calls and non-text parts are refused, naming the field.
+(joined with newlines); an assistant turn's `reasoning_content` travels as its own field of the
+ChatTurn, for the tokenizer process's chat template. Tool calls and non-text parts are refused,
+naming the field.
 """
 
 from __future__ import annotations
@@ -37,16 +38,13 @@ def parse_messages(value: Any) -> list[ChatTurn]:
             raise invalid(f"{where}.tool_calls", "tool calls are not supported by this server")
         content = _message_content(message.get("content"), where, role)
         reasoning = message.get("reasoning_content")
-        if reasoning is not None:
-            if role != "assistant" or not isinstance(reasoning, str):
-                raise invalid(f"{where}.reasoning_content",
-                              f"'{where}.reasoning_content' must be a string on an assistant message")
-            # The chat template splits an assistant turn's reasoning off at </think> again.
-            content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+        if reasoning is not None and (role != "assistant" or not isinstance(reasoning, str)):
+            raise invalid(f"{where}.reasoning_content",
+                          f"'{where}.reasoning_content' must be a string on an assistant message")
         for name in ("name", "tool_call_id"):
             if message.get(name) is not None and not isinstance(message[name], str):
                 raise invalid(f"{where}.{name}", f"'{where}.{name}' must be a string")
-        turns.append(ChatTurn(role=role, content=content))
+        turns.append(ChatTurn(role=role, content=content, reasoning_content=reasoning))
     return turns
 
 

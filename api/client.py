@@ -9,6 +9,9 @@ DEALER socket, in the messages of ipc/messages.py, with request ids of their own
 * `AsyncClient` (api/async_client.py, re-exported here) for the same from a coroutine, and for the
   REST server.
 
+`SamplingParams(max_tokens=None)` asks for output up to the context: the tokenizer process fills
+in max_model_len minus the prompt's tokens.
+
 Every wait has a timeout: the longest silence a caller accepts (`timeout_s`, per call or the
 client's default). When it passes, `ClientTimeout` names the tokenizer's address and the requests
 that got nothing. A request the tokenizer refuses comes back as a Generation with `refused` set

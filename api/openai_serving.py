@@ -10,7 +10,9 @@ whatever is unfinished; the server calls it when the HTTP client goes away.
 A call sends every request with stream=True, streamed HTTP response or not: the per-output timings
 feed the latency histograms (api/metrics.py), and an abort finds the request's text so far.
 
-Errors: a refusal ends the call with its status and field; an output that carries `error` (the
+Errors: a refusal ends the call with its status and field; one that carries the numbers of a
+context overflow (RequestFailed.context) is told from those numbers, naming the client's own field
+(max_completion_tokens where the client used it). An output that carries `error` (the
 engine ended the request) is a 500; a tokenizer that goes silent for the client's timeout is a
 504 naming the tokenizer's address. Once a stream has started, the error is sent as an
 `{"error": ...}` event, then [DONE].
@@ -26,19 +28,18 @@ from typing import Any
 from api import responses
 from api.async_client import AsyncClient, RequestGroup
 from api.client_errors import ClientError, ClientTimeout
-from api.errors import SERVER_ERROR, TIMEOUT, UNAVAILABLE, ApiError, error_object, invalid
+from api.errors import SERVER_ERROR, TIMEOUT, UNAVAILABLE, ApiError, error_object
 from api.metrics import ApiMetrics, RequestTiming
-from api.protocol import ParsedRequest, context_room, with_max_tokens
+from api.protocol import ParsedRequest
 from api.reasoning import ReasoningSplitter
-from ipc.messages import GenerateOutput, GenerateRequest, RequestFailed
+from ipc.messages import GenerateOutput, RequestFailed
 
 
 class Choice:
-    """One choice of a call: its request and what it has produced so far."""
+    """One choice of a call: what it has produced so far."""
 
-    def __init__(self, index: int, request: GenerateRequest, timing: RequestTiming, split_reasoning: bool):
+    def __init__(self, index: int, timing: RequestTiming, split_reasoning: bool):
         self.index = index
-        self.request = request
         self.timing = timing
         self.splitter = ReasoningSplitter() if split_reasoning else None
         self.text: list[str] = []  # completions
@@ -53,7 +54,6 @@ class Choice:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
-        self.retried = False  # resent once with the exact context room
 
     def update(self, output: GenerateOutput, now_s: float) -> None:
         self.num_prompt_tokens = output.num_prompt_tokens
@@ -84,7 +84,7 @@ class _Call:
         self._group: RequestGroup | None = None
         self._peeked: deque[GenerateOutput] = deque()
         is_chat = parsed.endpoint == "chat"
-        self._choices = {r.request_id: Choice(i, r, RequestTiming(metrics, start_s), is_chat)
+        self._choices = {r.request_id: Choice(i, RequestTiming(metrics, start_s), is_chat)
                          for i, r in enumerate(parsed.requests)}
 
     @property
@@ -153,7 +153,7 @@ class _Call:
         return bool(self._peeked) or (self._group is not None and self._group.pending)
 
     async def _next(self) -> GenerateOutput:
-        """The next output of any choice; refusals are retried (see protocol) or raised."""
+        """The next output of any choice; a refusal raises ApiError."""
         assert self._group is not None
         while True:
             if self._peeked:
@@ -166,28 +166,15 @@ class _Call:
                 raise ApiError(503, str(e), None, UNAVAILABLE) from None
             if isinstance(message, GenerateOutput):
                 return message
-            choice = self._choices[message.request_id]
-            choice.finished = True  # refused: it never ran, so no finish is counted for it
-            retry = self._retry(message)
-            if retry is None:
-                raise ApiError(message.status, message.message, message.field)
-            choice.finished = False
-            await self._group.resubmit(retry)
+            self._choices[message.request_id].finished = True  # refused: it never ran, no finish counted
+            raise self._refusal_error(message)
 
-    def _retry(self, refusal: RequestFailed) -> GenerateRequest | None:
-        """A request whose defaulted max_tokens did not fit, with the exact room the refusal names."""
-        choice = self._choices[refusal.request_id]
-        room = context_room(refusal.message)
-        if not self.parsed.max_tokens_defaulted or choice.retried or room is None:
-            return None
-        limit, num_prompt = room
-        if limit - num_prompt < 1:
-            field = "prompt" if self.parsed.endpoint == "completions" else "messages"
-            raise invalid(field, f"This model's maximum context length is {limit} tokens; the request has "
-                          f"{num_prompt} prompt tokens, which leaves no room for output")
-        choice.retried = True
-        choice.request = with_max_tokens(choice.request, limit - num_prompt)
-        return choice.request
+    def _refusal_error(self, refusal: RequestFailed) -> ApiError:
+        """The tokenizer's refusal as this API's error; a context overflow is told from its numbers."""
+        if refusal.context is None:
+            return ApiError(refusal.status, refusal.message, refusal.field)
+        param = self.parsed.max_tokens_field if refusal.field == "max_tokens" else refusal.field
+        return ApiError(refusal.status, refusal.context.describe(), param)
 
     def _usage(self) -> dict[str, Any]:
         choices = self.choices

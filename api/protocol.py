@@ -15,11 +15,11 @@ Choices of this server, where OpenAI and vLLM leave room:
   A few OpenAI fields this server cannot honour are accepted only at their no-op value (`echo`
   false, `logit_bias` empty, `tools` empty, `response_format` text, ...).
 * `max_tokens` left out means "up to the context length": max_model_len minus the prompt. The api
-  process does not tokenize, so it uses an upper bound of the prompt's length: exact for token ids,
-  the UTF-8 byte count for text (every Qwen token covers at least one byte), the byte count of the
-  ChatML rendering for chats. When that bound leaves no room, the request goes out with
-  max_tokens = max_model_len, and the server retries it once with the exact room that the
-  tokenizer's context-length refusal names (`context_room`).
+  process neither tokenizes nor renders chats, so the request goes out with max_tokens None and the
+  tokenizer process, which counts the prompt's tokens, fills in the exact room (or refuses a prompt
+  that leaves none, with the numbers as fields: see api/openai_serving.py).
+* A chat goes out as its messages (ChatTurn: role, content, an assistant's reasoning_content); the
+  tokenizer process renders it with the chat template.
 * `n` is at most MAX_CHOICES, and one call makes at most MAX_REQUESTS_PER_CALL requests
   (prompts x n). With a seed, choice i is sampled with seed + i (wrapped to 64 bits) so the n
   choices differ and a repeated call repeats them; without one, the scheduler draws a seed per choice.
@@ -27,7 +27,6 @@ Choices of this server, where OpenAI and vLLM leave room:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,7 +37,6 @@ from api.chat_messages import parse_messages, parse_template_kwargs
 from api.errors import ApiError, invalid
 from core.config import GenerationDefaults
 from core.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
-from core.tokenizer.chat_template import render_chatml
 from ipc.messages import GenerateRequest
 
 MAX_CHOICES = 64
@@ -56,10 +54,6 @@ CHAT_FIELDS = _COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
     "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "response_format",
 }
-# The tokenizer's refusal of a prompt that does not fit (ipc/messages.py RequestFailed).
-_CONTEXT_REFUSAL = re.compile(
-    r"maximum context length is (?P<limit>\d+) tokens; the request has (?P<prompt>\d+) prompt tokens"
-)
 
 
 @dataclass(frozen=True)
@@ -88,7 +82,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with usage
     logprobs: int | None  # None: no logprobs; k: the sampled token's and the top k
-    max_tokens_defaulted: bool  # max_tokens came from the context length (see the module docstring)
+    max_tokens_field: str  # how the client named max_tokens: "max_tokens" or "max_completion_tokens"
 
     @property
     def num_prompts(self) -> int:
@@ -121,11 +115,9 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str) -> 
     max_tokens = fields.int("max_tokens", None, None)
     stream, include_usage = _parse_stream(fields)
     skip_special = fields.bool("skip_special_tokens", True)
+    params = _sampling_params(fields, model, max_tokens, "max_tokens", logprobs, "logprobs")
     requests = []
-    defaulted = max_tokens is None
     for p, prompt in enumerate(prompts):
-        bound = len(prompt) if isinstance(prompt, list) else len(prompt.encode())
-        params = _sampling_params(fields, model, max_tokens, "max_tokens", bound, logprobs, "logprobs")
         for i in range(n):
             requests.append(GenerateRequest(
                 request_id=f"{request_id}-{p * n + i}",
@@ -136,7 +128,7 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str) -> 
                 skip_special_tokens=skip_special,
             ))
     return ParsedRequest("completions", model_name, tuple(requests), n, stream, include_usage, logprobs,
-                         defaulted)
+                         "max_tokens")
 
 
 def parse_chat_request(body: Any, model: ServedModel, request_id: str) -> ParsedRequest:
@@ -165,11 +157,8 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str) -> Parsed
         max_tokens = fields.int("max_tokens", None, None)
     stream, include_usage = _parse_stream(fields)
     skip_special = fields.bool("skip_special_tokens", True)
-    rendered = render_chatml([{"role": t.role, "content": t.content} for t in messages],
-                             add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
     logprobs_field = "top_logprobs" if top_logprobs else "logprobs"
-    params = _sampling_params(fields, model, max_tokens, max_field, len(rendered.encode()), logprobs,
-                              logprobs_field)
+    params = _sampling_params(fields, model, max_tokens, max_field, logprobs, logprobs_field)
     requests = tuple(
         GenerateRequest(
             request_id=f"{request_id}-{i}",
@@ -182,18 +171,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str) -> Parsed
         )
         for i in range(n)
     )
-    return ParsedRequest("chat", model_name, requests, n, stream, include_usage, logprobs,
-                         max_tokens is None)
-
-
-def context_room(refusal_message: str) -> tuple[int, int] | None:
-    """(max_model_len, prompt tokens) named by the tokenizer's context-length refusal, or None."""
-    m = _CONTEXT_REFUSAL.search(refusal_message)
-    return None if m is None else (int(m["limit"]), int(m["prompt"]))
-
-
-def with_max_tokens(request: GenerateRequest, max_tokens: int) -> GenerateRequest:
-    return replace(request, params=replace(request.params, max_tokens=max_tokens))
+    return ParsedRequest("chat", model_name, requests, n, stream, include_usage, logprobs, max_field)
 
 
 # --- parts of a request ---------------------------------------------------------------------------
@@ -302,12 +280,10 @@ def _parse_stop_token_ids(fields: BodyFields) -> tuple[int, ...]:
 
 
 def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | None, max_field: str,
-                     prompt_bound: int, logprobs: int | None, logprobs_field: str) -> SamplingParams:
-    """The request's SamplingParams; SamplingParams checks the ranges, errors keep the client's names."""
+                     logprobs: int | None, logprobs_field: str) -> SamplingParams:
+    """The request's SamplingParams (max_tokens None: up to the context); SamplingParams checks the
+    ranges, errors keep the client's names."""
     defaults = model.defaults
-    if max_tokens is None:
-        room = model.max_model_len - prompt_bound
-        max_tokens = room if room >= 1 else model.max_model_len
     try:
         return SamplingParams(
             max_tokens=max_tokens,

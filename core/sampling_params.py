@@ -2,6 +2,8 @@
 
 Built by the API layer from a request body (fields the client left out already filled from the
 model's generation defaults), validated here so every entry point gets the same messages.
+`max_tokens` None means "up to the context": the tokenizer process, which counts the prompt's
+tokens, fills in max_model_len minus the prompt before the request goes on to the scheduler.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class SamplingParamsError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None: up to the context, filled in by the tokenizer process
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = the whole vocabulary
@@ -40,7 +42,7 @@ class SamplingParams:
         def fail(field: str, message: str) -> None:
             raise SamplingParamsError(field, f"{field}: {message}")
 
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             fail("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:
             fail("temperature", f"must be in [0, 100], got {self.temperature}")
@@ -59,7 +61,9 @@ class SamplingParams:
             fail("seed", f"must fit in 64 bits, got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             fail("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+        if self.max_tokens is None and self.min_tokens < 0:
+            fail("min_tokens", f"must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and not 0 <= self.min_tokens <= self.max_tokens:
             fail("min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             fail("stop", "every stop string must be a non-empty string")

@@ -30,8 +30,11 @@ from ipc.codec import InvalidItem, items_fail_alone, message
 @message
 @dataclass(frozen=True)
 class ChatTurn:
+    """One message of a chat, as the client sent it; the tokenizer process renders the chat."""
+
     role: str  # "system", "user", "assistant" or "tool"
-    content: str
+    content: str  # an assistant turn's answer only: its reasoning, if given, is in reasoning_content
+    reasoning_content: str | None = None  # an assistant turn's reasoning, for the chat template
 
 
 @message
@@ -40,7 +43,7 @@ class GenerateRequest:
     """One prompt to complete: exactly one of `prompt`, `prompt_token_ids` and `messages`."""
 
     request_id: str  # the client's own id; unique among its unfinished requests
-    params: SamplingParams
+    params: SamplingParams  # max_tokens None: up to the context, counted by the tokenizer process
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     messages: list[ChatTurn] | None = None
@@ -101,15 +104,44 @@ class GenerateOutput:
     queue_time_s: float | None = None  # in the output with the first token: arrival to first admission
 
 
+@dataclass(frozen=True)
+class ContextOverflow:
+    """The numbers of a request that does not fit the model's context: its prompt alone, or its
+    prompt and the output it asks for."""
+
+    max_model_len: int
+    num_prompt_tokens: int
+    max_tokens: int | None  # as asked; None: left out (up to the context)
+    min_tokens: int = 0  # as asked; what a request without max_tokens needs room for
+
+    def __post_init__(self) -> None:
+        needed = self.max_tokens if self.max_tokens is not None else max(1, self.min_tokens)
+        if self.num_prompt_tokens + needed <= self.max_model_len:
+            raise ValueError(f"{self.num_prompt_tokens} prompt tokens and {needed} output tokens fit "
+                             f"max_model_len {self.max_model_len}: no overflow")
+
+    def describe(self) -> str:
+        """The refusal in words, for clients and the API's error object."""
+        head = (f"This model's maximum context length is {self.max_model_len} tokens; the request has "
+                f"{self.num_prompt_tokens} prompt tokens")
+        if self.max_tokens is not None:
+            return f"{head} and asks for {self.max_tokens} more"
+        if self.num_prompt_tokens < self.max_model_len:
+            return f"{head} and asks for at least {self.min_tokens} more"
+        return f"{head}, which leaves no room for output"
+
+
 @message
 @dataclass(frozen=True)
 class RequestFailed:
-    """A request refused before it ran; `field` names the offending request field when one did."""
+    """A request refused before it ran; `field` names the offending request field when one did, and
+    `context` carries the numbers when it does not fit the context (`message` is then its describe())."""
 
     request_id: str
     message: str
     field: str | None = None
     status: int = 400
+    context: ContextOverflow | None = None
 
 
 @message
@@ -145,8 +177,12 @@ class ServerInfo:
 class TokenizedRequest:
     request_id: str  # the tokenizer's internal id
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams  # max_tokens always set: the tokenizer fills in what was left to the context
     arrival_s: float  # time.monotonic() when the tokenizer received it
+
+    def __post_init__(self) -> None:
+        if self.params.max_tokens is None:
+            raise ValueError(f"request {self.request_id}: max_tokens must be set before it is scheduled")
 
 
 @message

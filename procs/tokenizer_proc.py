@@ -4,12 +4,14 @@
     receive (scheduler: outputs, rejections, status)  -> detokenize, stop strings -> stream to clients
 
 Clients (the api process, `api.client`) connect DEALER sockets to this process's ROUTER; a
-request id is the client's own, kept apart per client. A prompt that cannot fit max_model_len is
-refused here with the numbers. A burst of new requests is tokenized on a few threads at once when
-the tokenizer allows it (the built-in vocabulary does), then forwarded in arrival order. A stop
-string found in the streamed text ends the request with finish_reason "stop" and tells the
-scheduler to abort it, so its pages are freed at once. A client that has gone away (its socket is
-no longer connected) has its requests aborted the same way.
+request id is the client's own, kept apart per client. A chat arrives as its messages and becomes
+ChatML here, once. A request that left max_tokens out (None) gets max_model_len minus its prompt
+tokens; one that cannot fit is refused with the numbers (procs/prompt_checks.py). A burst of new
+requests is tokenized on a few threads at once when the tokenizer allows it (the built-in
+vocabulary does), then forwarded in arrival order. A stop string found in the streamed text ends
+the request with finish_reason "stop" and tells the scheduler to abort it, so its pages are freed
+at once. A client that has gone away (its socket is no longer connected) has its requests aborted
+the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ipc.channels import (
 from ipc.codec import decode
 from ipc.messages import (
     AbortRequest,
+    ContextOverflow,
     GenerateOutput,
     GenerateRequest,
     Ready,
@@ -50,6 +53,7 @@ from ipc.messages import (
 )
 from procs.child import become, parent_alive, run_actor
 from procs.problem_log import ProblemLog
+from procs.prompt_checks import PromptError, fit_to_context, template_message
 
 _IDLE_WAIT_S = 0.5
 _CLIENT_SEND_TIMEOUT_S = 1.0
@@ -160,7 +164,7 @@ class TokenizerProcess:
             except Exception as exc:  # a bug must cost one request, not the server
                 self.log.exception("request %r failed", request.request_id)
                 self.streams.pop(_internal_id(identity, request.request_id), None)
-                self._fail(identity, request.request_id, f"internal error: {exc}", None, 500)
+                self._fail(identity, request.request_id, f"internal error: {exc}", None, status=500)
 
     def submit(self, identity: bytes, request: GenerateRequest,
                prompt: list[int] | Exception | None = None) -> None:
@@ -175,10 +179,11 @@ class TokenizerProcess:
             prompt_ids = self.tokenize(request) if prompt is None else prompt
             if isinstance(prompt_ids, Exception):
                 raise prompt_ids
+            params = fit_to_context(request.params, len(prompt_ids), self.max_model_len,
+                                    "prompt" if request.messages is None else "messages")
         except PromptError as exc:
-            self._fail(identity, request.request_id, str(exc), exc.field)
+            self._fail(identity, request.request_id, str(exc), exc.field, context=exc.context)
             return
-        params = request.params
         detokenizer = (IncrementalDetokenizer(self.tokenizer, request.skip_special_tokens)
                        if request.detokenize else None)
         stop = StopStringMatcher(params.stop) if params.stop and request.detokenize else None
@@ -192,13 +197,13 @@ class TokenizerProcess:
             return exc
 
     def tokenize(self, request: GenerateRequest) -> list[int]:
-        """The prompt's token ids, or PromptError naming the field and the numbers."""
+        """The prompt's token ids (a chat rendered by the tokenizer's template), or PromptError."""
         if request.prompt_token_ids is not None:
             ids, where = list(request.prompt_token_ids), "prompt"
         elif request.prompt is not None:
             ids, where = self.tokenizer.encode(request.prompt), "prompt"
         else:
-            turns = [{"role": t.role, "content": t.content} for t in request.messages or ()]
+            turns = [template_message(t) for t in request.messages or ()]
             try:
                 text = self.tokenizer.apply_chat_template(turns, request.add_generation_prompt,
                                                           request.enable_thinking)
@@ -210,11 +215,6 @@ class TokenizerProcess:
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             bad = next(i for i in ids if not 0 <= i < self.vocab_size)
             raise PromptError(where, f"token id {bad} is outside the model's vocabulary of {self.vocab_size}")
-        asked = request.params.max_tokens
-        if len(ids) + asked > self.max_model_len:
-            raise PromptError(where if len(ids) >= self.max_model_len else "max_tokens", (
-                f"This model's maximum context length is {self.max_model_len} tokens; the request has "
-                f"{len(ids)} prompt tokens and asks for {asked} more"))
         return ids
 
     def refuse_bad_client_message(self, exc: BadFrame) -> None:
@@ -261,7 +261,8 @@ class TokenizerProcess:
             elif isinstance(msg, Rejected):
                 stream = self.streams.pop(msg.request_id, None)
                 if stream is not None:
-                    self._fail(stream.identity, stream.request.request_id, msg.message, None, msg.status)
+                    self._fail(stream.identity, stream.request.request_id, msg.message, None,
+                               status=msg.status)
             else:
                 self.status, self.status_s = msg, time.monotonic()
 
@@ -347,21 +348,15 @@ class TokenizerProcess:
                 self.streams.pop(abort_on_failure, None)
                 self.to_scheduler.send(AbortRequest(abort_on_failure))
 
-    def _fail(self, identity: bytes, request_id: str, message: str, field_name: str | None,
-              status: int = 400) -> None:
-        self._send(identity, RequestFailed(request_id, message, field_name, status))
+    def _fail(self, identity: bytes, request_id: str, message: str, field_name: str | None, *,
+              status: int = 400, context: ContextOverflow | None = None) -> None:
+        self._send(identity, RequestFailed(request_id, message, field_name, status, context))
 
     def close(self) -> None:
         self._encoders.shutdown(wait=False, cancel_futures=True)
         self.frontend.close()
         self.to_scheduler.close()
         self.from_scheduler.close()
-
-
-class PromptError(ValueError):
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field_name
 
 
 def _internal_id(identity: bytes, request_id: str) -> str:

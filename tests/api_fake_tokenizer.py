@@ -2,8 +2,9 @@
 
 It speaks the clients' side of ipc/messages.py exactly as the real tokenizer does: it answers a
 GenerateRequest with GenerateOutputs (one per step when `stream`, else one at the end; the first
-carries prompt_token_ids), ends an aborted request with finish_reason "abort", refuses a prompt that
-does not fit the context with the real message, and answers ServerInfoQuery. What it generates is
+carries prompt_token_ids), ends an aborted request with finish_reason "abort", fits max_tokens to the
+context and refuses what does not fit as the real one does (procs/prompt_checks.py), and answers
+ServerInfoQuery. What it generates is
 scripted, one text piece per token:
 
 * `reply(request)` gives the pieces (default: a thinking chat reply, a plain one when thinking is off,
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from core.sampling_params import SamplingParams
 from core.scheduling.scheduler_stats import SchedulerStats
 from core.tokenizer.chat_template import render_chatml
 from ipc.channels import ChannelError, RouterChannel
@@ -40,6 +42,7 @@ from ipc.messages import (
     ServerInfoQuery,
     TopLogprob,
 )
+from procs.prompt_checks import PromptError, fit_to_context, template_message
 
 THINK_OPEN_ID, THINK_CLOSE_ID = 151667, 151668
 THINKING_REPLY = ["<think>", "\n", "The user", " greets", " me", ".", "\n", "</think>", "\n\n", "Hello", "!",
@@ -66,6 +69,7 @@ def default_stats(step_id: int = 42) -> SchedulerStats:
 class _Generation:
     identity: bytes
     request: GenerateRequest
+    params: SamplingParams  # the request's, max_tokens fitted to the context
     prompt_ids: list[int]
     num_cached: int
     pieces: Iterator[str]
@@ -91,6 +95,7 @@ class FakeTokenizer:
         self.reply = reply
         self.step_s = step_s
         self.serving = True
+        self.refusal_prose: str | None = None  # replaces a context refusal's words, keeping its numbers
         self.replicas = [
             ReplicaInfo(replica=0, alive=True, reason=None, num_pages=128, stats=default_stats(),
                         step_execute_s=2.5, step_wait_s=0.125),
@@ -175,17 +180,16 @@ class FakeTokenizer:
             prompt_ids = list(request.prompt_token_ids)
         else:
             text = request.prompt if request.prompt is not None else render_chatml(
-                [{"role": t.role, "content": t.content} for t in request.messages or []],
+                [template_message(t) for t in request.messages or []],
                 add_generation_prompt=request.add_generation_prompt, enable_thinking=request.enable_thinking)
             prompt_ids = [ord(c) % 100_000 for c in text]
-        asked = request.params.max_tokens
-        if len(prompt_ids) + asked > self.max_model_len:
-            where = "messages" if request.messages is not None else "prompt"
-            self._send(router, identity, RequestFailed(
-                request.request_id,
-                f"This model's maximum context length is {self.max_model_len} tokens; the request has "
-                f"{len(prompt_ids)} prompt tokens and asks for {asked} more",
-                where if len(prompt_ids) >= self.max_model_len else "max_tokens"))
+        try:
+            params = fit_to_context(request.params, len(prompt_ids), self.max_model_len,
+                                    "messages" if request.messages is not None else "prompt")
+        except PromptError as e:
+            refusal = RequestFailed(request.request_id, self.refusal_prose or str(e), e.field,
+                                    context=e.context)
+            self._send(router, identity, refusal)
             return
         key = tuple(prompt_ids)
         num_cached = len(prompt_ids) - 1 if key in self._seen_prompts else 0
@@ -195,8 +199,8 @@ class FakeTokenizer:
             pieces: Iterator[str] = (f" w{i}" for i in itertools.count())
         else:
             pieces = iter(self.reply(request))
-        self._active[(identity, request.request_id)] = _Generation(identity, request, prompt_ids, num_cached,
-                                                                   pieces)
+        self._active[(identity, request.request_id)] = _Generation(identity, request, params, prompt_ids,
+                                                                   num_cached, pieces)
 
     def _step(self, router: RouterChannel) -> None:
         for key, gen in list(self._active.items()):
@@ -211,7 +215,7 @@ class FakeTokenizer:
 
     def _advance(self, gen: _Generation) -> tuple[str, str | int | None] | None:
         """Generate one token; (finish_reason, stop_reason) when that ends the request."""
-        params = gen.request.params
+        params = gen.params
         if "ENGINE_ERROR" in (gen.request.prompt or "") and len(gen.token_ids) == 2:
             return ("abort", None)
         piece = next(gen.pieces, None)

@@ -9,7 +9,7 @@ from api_fake_tokenizer import COMPLETION_REPLY, FakeTokenizer
 
 from api.client import AsyncClient, Client, ClientTimeout, RequestRefused
 from core.sampling_params import SamplingParams
-from ipc.messages import AbortRequest, ChatTurn, GenerateRequest, ServerInfoQuery
+from ipc.messages import AbortRequest, ChatTurn, ContextOverflow, GenerateRequest, ServerInfoQuery
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 
@@ -90,6 +90,16 @@ def test_a_refused_request_comes_back_refused_and_the_rest_complete(fake):
         assert "maximum context length is 4096 tokens; the request has 5000 prompt tokens" in refused.message
         with pytest.raises(RequestRefused, match="5000 prompt tokens"):
             list(client.stream("x" * 5000, SamplingParams(max_tokens=10)))
+
+
+def test_max_tokens_none_runs_up_to_the_context_and_a_refusal_carries_the_numbers(fake):
+    up_to_context = SamplingParams(max_tokens=None, ignore_eos=True)
+    with Client(fake.address, timeout_s=10) as client:
+        fits, too_long = client.generate(["é" * 4093, "x" * 5000], up_to_context)
+    assert fits.ok and fits.finish_reason == "length" and fits.num_output_tokens == 4096 - 4093
+    assert too_long.refused.field == "prompt"
+    assert too_long.refused.context == ContextOverflow(max_model_len=4096, num_prompt_tokens=5000,
+                                                       max_tokens=None)
 
 
 def test_chats_token_ids_and_logprobs(fake):

@@ -13,7 +13,6 @@ from api.protocol import (
     MAX_CHOICES,
     MAX_REQUESTS_PER_CALL,
     ServedModel,
-    context_room,
     parse_chat_request,
     parse_completion_request,
     parse_json_body,
@@ -225,23 +224,23 @@ def test_derived_seeds_wrap_to_64_bits():
     assert seeds == [2**63 - 1, -(2**63)]
 
 
-def test_max_tokens_left_out_fills_the_context_from_an_upper_bound_of_the_prompt():
-    # token ids: exact; text: its UTF-8 bytes (no Qwen token is shorter than a byte)
-    assert completion(prompt=[1, 2, 3]).requests[0].params.max_tokens == 4096 - 3
-    assert completion(prompt="héllo").requests[0].params.max_tokens == 4096 - 6
-    parsed = completion(prompt="x" * 5000)
-    assert parsed.max_tokens_defaulted and parsed.requests[0].params.max_tokens == 4096  # retried later
-    assert not completion(max_tokens=5).max_tokens_defaulted
+def test_max_tokens_left_out_is_left_to_the_tokenizer_which_counts_the_prompt():
+    # The api process counts no tokens: "up to the context" travels as None, for every prompt form.
+    assert completion(prompt=[1, 2, 3]).requests[0].params.max_tokens is None
+    assert completion(prompt="世界" * 3000).requests[0].params.max_tokens is None
+    assert chat().requests[0].params.max_tokens is None
+    assert completion(max_tokens=5).requests[0].params.max_tokens == 5
 
 
-def test_chat_max_tokens_default_counts_the_rendered_template():
-    rendered = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    assert chat().requests[0].params.max_tokens == 4096 - len(rendered.encode())
+def test_min_tokens_without_max_tokens_is_checked_against_the_context_by_the_tokenizer():
+    assert completion(min_tokens=100).requests[0].params.min_tokens == 100
 
 
 def test_max_completion_tokens_wins_over_max_tokens():
     assert chat(max_tokens=5, max_completion_tokens=9).requests[0].params.max_tokens == 9
+    assert chat(max_tokens=5, max_completion_tokens=9).max_tokens_field == "max_completion_tokens"
     assert chat(max_tokens=5).requests[0].params.max_tokens == 5
+    assert chat(max_tokens=5).max_tokens_field == completion().max_tokens_field == "max_tokens"
 
 
 def test_chat_messages_become_turns_with_text_parts_joined():
@@ -255,7 +254,7 @@ def test_chat_messages_become_turns_with_text_parts_joined():
     ])
     assert parsed.requests[0].messages == [
         ChatTurn("system", "be brief"), ChatTurn("user", "one\ntwo"), ChatTurn("assistant", ""),
-        ChatTurn("assistant", "<think>\n2+2\n</think>\n\n4"), ChatTurn("tool", "42")]
+        ChatTurn("assistant", "4", reasoning_content="2+2"), ChatTurn("tool", "42")]
 
 
 def test_chat_thinking_switch_and_logprobs():
@@ -276,13 +275,6 @@ def test_stream_options_and_model_name():
 def test_noop_values_of_unsupported_fields_are_accepted():
     completion(echo=False, suffix=None, logit_bias={}, best_of=1, user="u1")
     chat(tools=[], tool_choice="none", response_format={"type": "text"}, parallel_tool_calls=False)
-
-
-def test_context_room_reads_the_tokenizers_refusal():
-    message = ("This model's maximum context length is 4096 tokens; the request has 5000 prompt tokens "
-               "and asks for 4096 more")
-    assert context_room(message) == (4096, 5000)
-    assert context_room("token id 999999 is outside the model's vocabulary") is None
 
 
 # --- reasoning split ------------------------------------------------------------------------------

@@ -262,15 +262,29 @@ def test_a_prompt_over_the_context_is_refused_with_the_numbers(port):
     assert_error(streamed, 400, "prompt", "the request has 5000 prompt tokens")  # refused before streaming
 
 
-def test_a_defaulted_max_tokens_is_retried_with_the_exact_room(port, fake):
-    # 3000 characters of 2 UTF-8 bytes: the byte bound (6000) leaves no room, the real count (3000) does
-    reply = post(port, "/v1/completions", {"prompt": "é" * 3000})
+def test_a_defaulted_max_tokens_goes_out_as_up_to_the_context_and_runs_to_it(port, fake):
+    # 4090 characters of 2 UTF-8 bytes; the tokenizer, not the API, counts them (one token each here)
+    reply = post(port, "/v1/completions", {"prompt": "é" * 4090, "ignore_eos": True})
     assert reply.status == 200, reply
-    sent = requests_of(fake, reply.json()["id"])
-    assert [r.params.max_tokens for r in sent] == [4096, 4096 - 3000]
-    assert sent[0].request_id == sent[1].request_id
+    body = reply.json()
+    (sent,) = requests_of(fake, body["id"])
+    assert sent.params.max_tokens is None
+    assert body["usage"]["completion_tokens"] == 4096 - 4090
+    assert body["choices"][0]["finish_reason"] == "length"
     nothing_left = post(port, "/v1/completions", {"prompt": "é" * 4096})
     assert_error(nothing_left, 400, "prompt", "4096 prompt tokens, which leaves no room for output")
+    no_room_for_min = post(port, "/v1/completions", {"prompt": "é" * 4090, "min_tokens": 7})
+    assert_error(no_room_for_min, 400, "min_tokens", "4090 prompt tokens and asks for at least 7 more")
+
+
+def test_a_context_refusal_is_told_from_its_numbers_in_the_clients_own_field(port, fake):
+    fake.refusal_prose = "words the API must not parse"
+    try:
+        reply = post(port, "/v1/chat/completions", {"messages": HELLO, "max_completion_tokens": 4096})
+    finally:
+        fake.refusal_prose = None
+    assert_error(reply, 400, "max_completion_tokens", "This model's maximum context length is 4096 tokens; "
+                 f"the request has {chatml_len(HELLO)} prompt tokens and asks for 4096 more")
 
 
 def test_an_engine_error_is_a_500_or_an_error_event(port):

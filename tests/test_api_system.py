@@ -19,6 +19,7 @@ from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from core.sampling_params import SamplingParams
 from core.tokenizer import load_tokenizer
 from core.tokenizer.chat_template import render_chatml
+from ipc.messages import ChatTurn
 from procs.launcher import Launcher, LaunchOptions
 
 MAX_MODEL_LEN = 512
@@ -117,9 +118,26 @@ def test_a_disconnected_stream_frees_the_engine(system):
     assert 2 <= generated() - before < 400  # aborted mid-way, not run to max_tokens
 
 
-def test_a_default_max_tokens_is_retried_when_the_byte_bound_overshoots(system):
-    # 600 bytes of text is over max_model_len by the API's byte bound, but far fewer real tokens
+def test_a_default_max_tokens_is_exactly_the_room_a_multi_byte_prompt_leaves(system):
+    # Several UTF-8 bytes per token: the byte count is past the context, the token count is not.
     port, _ = system
-    received = stream_then_disconnect(port, {"prompt": "é" * 300, "stream": True}, 2)
-    assert received.startswith(b"HTTP/1.1 200"), received[:300]
-    assert b'"text_completion"' in received
+    tokenizer = load_tokenizer(None)
+    prompt = "世界" * (MAX_MODEL_LEN - 8)
+    num_prompt = len(tokenizer.encode(prompt))
+    assert len(prompt.encode()) > MAX_MODEL_LEN and MAX_MODEL_LEN - 12 <= num_prompt < MAX_MODEL_LEN
+    body = post(port, "/v1/completions", {"prompt": prompt, "ignore_eos": True, "temperature": 0}).json()
+    assert body["usage"]["prompt_tokens"] == num_prompt
+    assert body["usage"]["completion_tokens"] == MAX_MODEL_LEN - num_prompt
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_an_earlier_turns_reasoning_content_is_left_out_by_the_template(system):
+    _, address = system
+    chat = [ChatTurn("user", "What is 2+2?"), ChatTurn("assistant", "4", reasoning_content="Add them."),
+            ChatTurn("user", "And 3+3?")]
+    with Client(address, timeout_s=60) as client:
+        (result,) = client.generate([chat], SamplingParams(max_tokens=1), detokenize=False)
+    assert result.ok, result
+    assert load_tokenizer(None).decode(result.prompt_token_ids) == (
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+        "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n")

@@ -19,6 +19,7 @@ import zmq
 from system_client import GREEDY, SystemClient, tiny_config
 
 from core.sampling_params import SamplingParams
+from ipc.messages import ContextOverflow
 from ipc.shm_ring import SHM_DIR, run_prefix
 from procs.launcher import Launcher, LaunchError, LaunchOptions
 
@@ -111,6 +112,7 @@ def test_too_long_prompt_is_refused_with_the_numbers(reference):
     client.submit("long", SamplingParams(max_tokens=100), prompt_token_ids=list(range(450)))
     failed = client.collect(["long"])["long"].failed
     assert failed is not None and failed.field == "max_tokens"
+    assert failed.context == ContextOverflow(max_model_len=512, num_prompt_tokens=450, max_tokens=100)
     assert failed.message == ("This model's maximum context length is 512 tokens; the request has 450 "
                               "prompt tokens and asks for 100 more")
 

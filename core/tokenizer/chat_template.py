@@ -1,12 +1,15 @@
 """The built-in chat template: Qwen3's ChatML, in plain Python.
 
 Used by tokenizers whose directory has no chat template of its own (and by the built-in
-vocabulary). It renders what the Qwen3 checkpoints' jinja template renders for chats without
-tools:
+vocabulary), in the tokenizer process: a chat becomes ChatML there and nowhere else. It renders
+what the Qwen3 checkpoints' jinja template renders for chats without tools:
 
 - each system/user turn is `<|im_start|>{role}\\n{content}<|im_end|>\\n`;
-- assistant turns before the last user query lose their `<think>...</think>` reasoning (and the
-  newlines after it); those after it, in a tool loop, keep it as `<think>\\n{reasoning}\\n</think>\\n\\n`;
+- an assistant turn's reasoning is its `reasoning_content` when given (clients send it apart from
+  the answer), else what its content holds before `</think>`;
+- assistant turns before the last user query lose their reasoning (and, when it came inside the
+  content, the newlines after it); those after it, in a tool loop, keep it as
+  `<think>\\n{reasoning}\\n</think>\\n\\n`;
 - consecutive tool results become one user turn of `<tool_response>` blocks;
 - the generation prompt is `<|im_start|>assistant\\n`, followed by an empty think block
   `<think>\\n\\n</think>\\n\\n` when thinking is disabled.

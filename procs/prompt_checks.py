@@ -1,0 +1,53 @@
+"""What the tokenizer process checks of a prompt once it is tokenized, and how a chat turn reaches
+the chat template.
+
+`fit_to_context` is the one place that knows a prompt's exact token count and max_model_len
+together: it fills in a max_tokens left out (up to the context) and refuses, with the numbers as
+fields (ContextOverflow), a request that does not fit. procs/tokenizer_proc.py calls it for every
+request, and raises PromptError for what it refuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from core.sampling_params import SamplingParams
+from ipc.messages import ChatTurn, ContextOverflow
+
+
+class PromptError(ValueError):
+    """A prompt the tokenizer refuses: `field` names the request field, `context` the numbers of one
+    that does not fit the context."""
+
+    def __init__(self, field_name: str, message: str, context: ContextOverflow | None = None) -> None:
+        super().__init__(message)
+        self.field = field_name
+        self.context = context
+
+
+def fit_to_context(params: SamplingParams, num_prompt_tokens: int, max_model_len: int,
+                   prompt_field: str) -> SamplingParams:
+    """`params` with max_tokens set, for a prompt of `num_prompt_tokens`: as asked when prompt and
+    output fit max_model_len; when left out (None), all the room the prompt leaves. What does not fit
+    raises PromptError with the numbers, on `prompt_field` when the prompt alone leaves no room, else
+    on max_tokens (or min_tokens, when max_tokens was left out)."""
+    asked = params.max_tokens
+    room = max_model_len - num_prompt_tokens
+    if asked is not None and asked <= room:
+        return params
+    if asked is None and room >= max(1, params.min_tokens):
+        return replace(params, max_tokens=room)
+    overflow = ContextOverflow(max_model_len, num_prompt_tokens, asked, params.min_tokens)
+    if room < 1:
+        field_name = prompt_field
+    else:
+        field_name = "max_tokens" if asked is not None else "min_tokens"
+    raise PromptError(field_name, overflow.describe(), overflow)
+
+
+def template_message(turn: ChatTurn) -> dict[str, str]:
+    """A chat turn as the chat template takes it; reasoning_content only where the client gave it."""
+    message = {"role": turn.role, "content": turn.content}
+    if turn.reasoning_content is not None:
+        message["reasoning_content"] = turn.reasoning_content
+    return message
