@@ -5,8 +5,8 @@ share a card), profiles memory, reports its KV pages in the READY handshake, the
 
     wait for a doorbell -> read the plan from the ring -> launch it on the device -> reply (TP rank 0)
 
-A launched step replies once its device work is done. If the next plan arrives first (async
-scheduling sends it early), that plan is launched behind the running step before the older one
+A started step replies once its device work is done. If the next plan arrives first (async
+scheduling sends it early), that plan is started behind the running step before the older one
 replies, so the GPU goes from one step to the next without waiting for the host.
 
 It never decides anything. Every TP rank runs every step in the order the doorbell announces them,
@@ -76,7 +76,7 @@ TP_STEP_FAILED_EXIT_CODE = 70
 
 
 @dataclass
-class Launched:
+class StartedStep:
     """A step handed to the runner whose result has not been sent."""
 
     step: Step
@@ -114,17 +114,17 @@ class Executor:
         return self.runner.num_pages
 
     def loop(self) -> None:
-        launched: Launched | None = None  # a step on the GPU whose result has not gone out yet
+        started: StartedStep | None = None  # a step on the GPU whose result has not gone out yet
         while True:
             try:
-                if launched is None:
+                if started is None:
                     msg = self.plans.receive(_IDLE_WAIT_S)
                 else:
-                    msg = self.plans.receive_unless(launched.ready)
+                    msg = self.plans.receive_unless(started.ready)
                     if msg is None:  # the GPU finished before the next plan came: reply, then wait
                         self._idle_since = time.perf_counter()
-                        self.reply(launched)
-                        launched = None
+                        self.reply(started)
+                        started = None
                         continue
             except BadDoorbell as exc:
                 self.problems.warning("bad doorbell message", str(exc))
@@ -134,19 +134,19 @@ class Executor:
                     self.log.warning("the launcher is gone; exiting")
                     return
             elif isinstance(msg, Stop):
-                if launched is not None:
-                    self.reply(launched)
+                if started is not None:
+                    self.reply(started)
                 return
             elif isinstance(msg, Ping):
                 self.results.send(Pong(self.spec.replica, self.spec.rank, msg.nonce))
             else:
                 # The next step goes on the GPU behind the one running; then the older one replies.
-                step = self.launch(msg)
-                if launched is not None:
-                    self.reply(launched)
-                launched = step
+                step = self.start_step(msg)
+                if started is not None:
+                    self.reply(started)
+                started = step
 
-    def launch(self, step: Step) -> Launched:
+    def start_step(self, step: Step) -> StartedStep:
         """Queue one step on the device; an exception becomes the step's error result."""
         now = time.perf_counter()
         waited_ms = None if self._idle_since is None else (now - self._idle_since) * 1e3
@@ -156,9 +156,9 @@ class Executor:
                 self.log.warning("fault drill: %s at step %d", self.fault.action, step.step_id)
                 self.fault, fault = None, self.fault  # once
                 strike(fault, step.step_id)
-            return Launched(step, self.runner.launch(step.plan), None, waited_ms)
+            return StartedStep(step, self.runner.launch(step.plan), None, waited_ms)
         except Exception as exc:  # the step's requests fail with this message; the loop lives on
-            return Launched(step, None, self.step_failed(step, exc), waited_ms)
+            return StartedStep(step, None, self.step_failed(step, exc), waited_ms)
 
     def step_failed(self, step: Step, exc: Exception) -> str:
         """The error a failed step reports. On one rank its requests fail and the loop goes on. A
@@ -174,18 +174,18 @@ class Executor:
             os._exit(TP_STEP_FAILED_EXIT_CODE)
         return f"{self.name}: {type(exc).__name__}: {exc}"
 
-    def reply(self, launched: Launched) -> None:
-        """Wait for a launched step and send its result: rank 0 always, any rank when it failed here
+    def reply(self, started: StartedStep) -> None:
+        """Wait for a started step and send its result: rank 0 always, any rank when it failed here
         (a TP rank > 0 otherwise only frees the plan's slot).
 
         The timings carry `wait`: milliseconds the GPU sat idle with nothing queued before this step
         (from the reply that left it idle to this launch); the scheduler counts it only between
         back-to-back steps, when it had work for this replica all along."""
-        step, error = launched.step, launched.error
+        step, error = started.step, started.error
         result = None
         if error is None:
             try:
-                result = self.runner.finish(launched.handle)
+                result = self.runner.finish(started.handle)
             except Exception as exc:
                 error = self.step_failed(step, exc)
         self.plans.done(step)  # the device has copied the plan's host data
@@ -194,10 +194,10 @@ class Executor:
             self.results.send(StepDone(self.spec.replica, self.spec.rank, step.step_id, error=error))
         elif result is not None:
             # Busy time without overlap: from this launch, or from the previous reply if later.
-            start = max(launched.handle.start_s, self._replied_s or 0.0)
+            start = max(started.handle.start_s, self._replied_s or 0.0)
             result.timings_ms["execute"] = (now - start) * 1e3
-            if launched.waited_ms is not None:
-                result.timings_ms["wait"] = launched.waited_ms
+            if started.waited_ms is not None:
+                result.timings_ms["wait"] = started.waited_ms
             done, payload = result_to_frames(result, self.spec.rank)
             self.results.send(done, frames=payload)
         self._replied_s = now

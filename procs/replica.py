@@ -68,7 +68,8 @@ class Replica:
         if flight.back_to_back:
             self.step_wait_s += timings_ms.get("wait", 0.0) / 1e3
 
-    def executors(self, ranks: list[int] | None = None) -> str:
+    def rank_names(self, ranks: list[int] | None = None) -> str:
+        """'executor dp=I tp=R' for each of `ranks` (all by default), comma-separated: for messages."""
         ranks = list(range(self.tp_size)) if ranks is None else ranks
         return ", ".join(f"executor dp={self.index} tp={r}" for r in ranks)
 
@@ -93,7 +94,7 @@ class Replica:
         if not self.alive or held is None or now_s - held <= timeout_s:
             return None
         stuck = self.ring.stuck_readers()
-        return (f"{self.executors(stuck)} did not take a step from the ring within {timeout_s:g} s"
+        return (f"{self.rank_names(stuck)} did not take a step from the ring within {timeout_s:g} s"
                 if stuck else None)
 
     def stuck_reason(self, flight: InFlight, timeout_s: float) -> str:
@@ -101,9 +102,9 @@ class Replica:
         step_id = flight.plan.step_id
         behind = [rank for rank, s in enumerate(self.ring.consumed_steps()) if s < step_id]
         if behind:
-            return (f"{self.executors(behind)} did not take step {step_id} from the ring within "
+            return (f"{self.rank_names(behind)} did not take step {step_id} from the ring within "
                     f"{timeout_s:g} s")
-        return (f"{self.executors()} took step {step_id} but no result came within {timeout_s:g} s "
+        return (f"{self.rank_names()} took step {step_id} but no result came within {timeout_s:g} s "
                 f"(stuck inside the step)")
 
     def kill_executors(self) -> list[int]:

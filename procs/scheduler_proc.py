@@ -1,6 +1,6 @@
 """The scheduler process: the DP router and one continuous-batching scheduler per replica.
 
-    receive (requests, aborts, notices) -> collect (step results) -> launch (plan, ring, doorbell)
+    receive (requests, aborts, notices) -> collect (step results) -> send_plans (plan, ring, doorbell)
     -> emit (outputs to the tokenizer) -> watch (deadlines, status)
 
 Each replica has its own Scheduler (block pool, radix tree), its own shared-memory ring and its
@@ -56,7 +56,7 @@ _STATUS_EVERY_S = 0.2
 _IDLE_WAIT_S = 0.2
 _PING_EVERY_S = 0.1
 _HANDSHAKE_TIMEOUT_S = 60.0
-# launch() plans a replica only when its ring's next slot is free, so a write never waits in
+# send_plans() plans a replica only when its ring's next slot is free, so a write never waits in
 # practice; this bounds it should a reader fall behind in between.
 _RING_WRITE_TIMEOUT_S = 1.0
 _RECEIVE_BUDGET_S = 0.005
@@ -132,7 +132,7 @@ class SchedulerProcess:
             self.wait()
             self.receive()
             self.collect()
-            self.launch()
+            self.send_plans()
             self.emit()
             self.watch()
 
@@ -172,7 +172,7 @@ class SchedulerProcess:
             if isinstance(done, StepDone):
                 self.finish_step(done, delivery.frames)
 
-    def launch(self) -> None:
+    def send_plans(self) -> None:
         for replica in self.replicas:
             while replica.alive and len(replica.in_flight) < replica.scheduler.max_steps_in_flight:
                 if not replica.plan_ahead.may_plan(time.monotonic(), len(replica.in_flight)):
@@ -190,7 +190,7 @@ class SchedulerProcess:
                     self.broadcast(replica, plan)
                 except (RingError, ValueError) as exc:
                     self.take_down(replica.index, f"replica {replica.index}: cannot hand step "
-                                                  f"{plan.step_id} to {replica.executors()}: {exc}")
+                                                  f"{plan.step_id} to {replica.rank_names()}: {exc}")
 
     def broadcast(self, replica: Replica, plan: StepPlan) -> None:
         """Put the plan where every TP rank reads it and ring their doorbell once."""
