@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from inprocess_engine import Engine
 from tiny_models import build_tiny_checkpoint
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from core.engine import Engine
 from core.execution.runner import ModelRunner
 from core.sampling_params import SamplingParams
 

@@ -1,9 +1,11 @@
-"""Engine: one replica in one process — scheduler, runner and the loop that joins them.
+"""One replica in one process, for the tests: scheduler, runner and the loop that joins them.
 
     step = schedule -> execute -> update
 
-Used by the tests and by offline batch generation (`Engine.generate`); the multiprocess system
-drives the same Scheduler and ModelRunner, with the plan crossing shared memory in between.
+The multiprocess system drives the same Scheduler and ModelRunner with the plan crossing shared
+memory in between; here they meet in one loop, so a test can check greedy outputs against batching,
+chunking, preemption and the prefix cache without processes. Users generate offline through
+api/offline.py (`LLM`), which runs the real processes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from core.scheduling.scheduler import Scheduler
 
 
 @dataclass
-class Completion:
+class FinishedRequest:
     """Everything one request produced, assembled from its outputs."""
 
     request_id: str
@@ -75,14 +77,14 @@ class Engine:
                               error=f"step {plan.step_id} failed: {type(exc).__name__}: {exc}")
 
     def generate(self, prompts: Iterable[list[int]], params: SamplingParams | list[SamplingParams],
-                 max_steps: int = 1_000_000) -> list[Completion]:
+                 max_steps: int = 1_000_000) -> list[FinishedRequest]:
         """Run `prompts` to completion, all at once; results in the prompts' order."""
         prompts = [list(p) for p in prompts]
         all_params = params if isinstance(params, list) else [params] * len(prompts)
         completions = {}
         for prompt, p in zip(prompts, all_params):
             request_id = self.add_request(prompt, p)
-            completions[request_id] = Completion(request_id, prompt)
+            completions[request_id] = FinishedRequest(request_id, prompt)
         for _ in range(max_steps):
             if not self.has_unfinished():
                 break
@@ -95,7 +97,7 @@ class Engine:
         return list(completions.values())
 
     @staticmethod
-    def _collect(completion: Completion, out: RequestOutput) -> None:
+    def _collect(completion: FinishedRequest, out: RequestOutput) -> None:
         completion.token_ids.extend(out.new_token_ids)
         if out.logprobs is not None:
             completion.logprobs = (completion.logprobs or []) + list(out.logprobs)
