@@ -1,0 +1,127 @@
+"""How the generalization matrix decides that two runs of one request agree.
+
+Both runs ask for logprobs (the sampled token's and the top 2). The rule depends on the dtype:
+
+* float32 (the CPU): the same token ids, position by position, the same count and finish reason,
+  and at every position the sampled token's logprob within `logprob_atol` nats (1e-3) of the
+  reference's. Another batch, chunking or TP split reorders float32 sums and moves a logprob by
+  about 1e-6; a wrong KV page moves it by 1e-2 or more even where the argmax stays the same (the
+  dummy weights' greedy output repeats one token, so the token ids alone barely see the context).
+* bfloat16 / float16 (a GPU): the same token ids up to the first position where the two runs differ.
+  There the divergence is accepted only as a near-tie: in each run both tokens are among that
+  run's top 20 logprobs, each within `tie_nats` (0.35) of that run's best. Another batch shape,
+  chunk split or TP split picks other GEMM kernels, and over 40 layers of random bf16 weights that
+  moves a sampled token's logprob by about 0.2 nats over prefixes where the two runs agree (the
+  largest `max_logprob_diff` of two H200 runs of the matrix: 0.157 and 0.219); the gap between two
+  tokens moves by up to twice that, and 0.35 nats accepts the drifts seen without accepting any
+  token from outside the top group. The dummy weights' distribution is flat (many tokens within one
+  bf16 step of the top), which is why the rule looks past the top 2. This rule catches gross errors
+  (a wrong layer, wrong positions, garbage pages); a subtly wrong KV page can hide under bf16 noise,
+  and the float32 rule on the CPU (a wrong page moves a logprob by 1e-2, the limit is 1e-3) is what
+  pins the paging down. The
+  tokens after an accepted divergence continue different contexts and are not compared; the count
+  and finish reason still must match. Logprob differences over the agreeing prefix are reported, not
+  judged (bf16 batch shapes legitimately move them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from api.generation import Generation
+
+EXACT_DTYPES = ("float32",)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    exact: bool  # float32: token ids equal and logprobs within logprob_atol
+    logprob_atol: float = 1e-3  # nats, float32 only
+    tie_nats: float = 0.35  # bf16/fp16: a divergence is a near-tie when both tokens are this near the best
+
+    @classmethod
+    def for_dtype(cls, dtype: str, logprob_atol: float = 1e-3, tie_nats: float = 0.35) -> Tolerance:
+        return cls(exact=dtype in EXACT_DTYPES, logprob_atol=logprob_atol, tie_nats=tie_nats)
+
+    def describe(self) -> str:
+        if self.exact:
+            return (f"token ids, count and finish identical; sampled-token logprobs within "
+                    f"{self.logprob_atol:g} nats")
+        return (f"token ids identical up to a near-tie (in both runs both tokens within {self.tie_nats:g} "
+                f"nats of the best logprob); count and finish identical")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    ok: bool
+    message: str = ""  # why not; or, when ok, a note such as an accepted near-tie
+    max_logprob_diff: float | None = None  # over the positions compared, when both have logprobs
+
+
+def compare(reference: Generation, actual: Generation, tolerance: Tolerance) -> Agreement:
+    """Whether `actual` reproduces `reference` under `tolerance`; the message names the position."""
+    if actual.refused is not None or actual.error is not None:
+        return Agreement(False, f"ended with an error: {actual.error}")
+    ref_ids, ids = reference.token_ids, actual.token_ids
+    first = next((i for i, (a, b) in enumerate(zip(ref_ids, ids)) if a != b), None)
+    diff = _max_logprob_diff(reference, actual, first if first is not None else min(len(ref_ids), len(ids)))
+    note = ""
+    if first is not None:
+        if tolerance.exact:
+            return Agreement(False, f"token {first} is {ids[first]} where the reference has {ref_ids[first]} "
+                                    f"({_window(ref_ids, first)} vs {_window(ids, first)})", diff)
+        tie = _near_tie(reference, actual, first, tolerance.tie_nats)
+        if tie is not None:
+            return Agreement(False, f"token {first} is {ids[first]} where the reference has "
+                                    f"{ref_ids[first]}, and it is no near-tie: {tie}", diff)
+        note = f"diverged at token {first} after a near-tie"
+    if len(ids) != len(ref_ids):
+        return Agreement(False, f"{len(ids)} tokens where the reference has {len(ref_ids)}", diff)
+    if actual.finish_reason != reference.finish_reason:
+        return Agreement(False, f"finish_reason {actual.finish_reason!r} where the reference has "
+                                f"{reference.finish_reason!r}", diff)
+    if tolerance.exact and diff is not None and diff > tolerance.logprob_atol:
+        where = _worst_logprob_position(reference, actual)
+        return Agreement(False, f"the logprob of token {where} differs from the reference's by {diff:.3g} "
+                                f"nats (> {tolerance.logprob_atol:g}) though the ids agree", diff)
+    return Agreement(True, note, diff)
+
+
+def _near_tie(reference: Generation, actual: Generation, position: int, tie_nats: float) -> str | None:
+    """None when the two runs' tokens at `position` are a near-tie in both runs; else why not.
+
+    In each run both tokens must be among its top logprobs, each within `tie_nats` of its best:
+    with random bf16 weights three or more tokens often sit within one bf16 step of the top.
+    """
+    mine, theirs = reference.token_ids[position], actual.token_ids[position]
+    for name, run in (("reference", reference), ("this run", actual)):
+        tops = run.top_logprobs
+        if tops is None or len(tops) <= position or len(tops[position]) < 2:
+            return f"{name} has no top logprobs at token {position}"
+        logprobs = {top.token_id: top.logprob for top in tops[position]}
+        if mine not in logprobs or theirs not in logprobs:
+            shown = [top.token_id for top in tops[position]]
+            return (f"{name}'s top {len(shown)} at token {position} are {shown}, not the two tokens "
+                    f"{mine} and {theirs}")
+        best = tops[position][0].logprob
+        gap = max(best - logprobs[mine], best - logprobs[theirs])
+        if gap > tie_nats:
+            return (f"{name}'s logprobs of {mine} and {theirs} are {gap:.3g} nats apart from its best "
+                    f"(> {tie_nats:g})")
+    return None
+
+
+def _max_logprob_diff(reference: Generation, actual: Generation, upto: int) -> float | None:
+    if reference.logprobs is None or actual.logprobs is None:
+        return None
+    pairs = list(zip(reference.logprobs[:upto], actual.logprobs[:upto]))
+    return max((abs(a - b) for a, b in pairs), default=0.0)
+
+
+def _worst_logprob_position(reference: Generation, actual: Generation) -> int:
+    diffs = [abs(a - b) for a, b in zip(reference.logprobs or [], actual.logprobs or [])]
+    return max(range(len(diffs)), key=diffs.__getitem__, default=0)
+
+
+def _window(ids: list[int], position: int) -> list[int]:
+    return ids[max(0, position - 2) : position + 3]

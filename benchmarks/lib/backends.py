@@ -1,0 +1,248 @@
+"""How the load generator talks to a server: the OpenAI HTTP API or the native ZeroMQ client.
+
+Each backend sends one request, streaming, and returns its RequestTiming: when it was sent, when
+each chunk of tokens arrived, how many prompt and output tokens the server counted, and the
+reply's text (a multi-turn conversation sends it back as history). Each also samples the
+server's gauges for the report: KV-cache usage and the prefix-cache counters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+from benchmarks.lib.datasets import RequestSpec
+
+SAMPLING_MODES = ("greedy", "model-defaults")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What every request of a run asks for: greedy (temperature 0), or nothing at all so that the
+    server applies the checkpoint's generation_config defaults (Qwen3: temperature 0.6, top_p 0.95,
+    top_k 20), as users of the OpenAI API do; temperature, top_p and top_k given explicitly are
+    sent on top of either."""
+
+    mode: str = "greedy"
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in SAMPLING_MODES:
+            raise ValueError(f"sampling mode {self.mode!r} is not one of {', '.join(SAMPLING_MODES)}")
+
+    def fields(self) -> dict[str, float | int]:
+        """The request body's sampling fields (the SamplingParams arguments, for the native client)."""
+        fields: dict[str, float | int] = {"temperature": 0.0} if self.mode == "greedy" else {}
+        for name in ("temperature", "top_p", "top_k"):
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value
+        return fields
+
+    def describe(self) -> dict[str, object]:
+        """For the result JSON: the mode and exactly what each request sent."""
+        return {"mode": self.mode, "sent": self.fields()}
+
+
+@dataclass
+class RequestTiming:
+    sent_s: float
+    chunk_s: list[float] = field(default_factory=list)  # arrival of every chunk that held tokens
+    done_s: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.done_s is not None and self.output_tokens > 0
+
+
+@dataclass(frozen=True)
+class ServerGauges:
+    kv_cache_usage: float  # mean over replicas, 0..1
+    prefix_cache_queries: float  # tokens, since start
+    prefix_cache_hits: float
+    num_running: float
+    step_execute_s: float = 0.0  # summed over replicas, since start
+    step_wait_s: float = 0.0  # waiting for the next plan between back-to-back steps
+
+
+class HttpBackend:
+    """POST /v1/completions (token ids) or /v1/chat/completions (multi-turn), stream=true."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout_s: float,
+                 sampling: Sampling = Sampling()) -> None:
+        import aiohttp
+
+        self.sampling_fields = sampling.fields()
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            connector=aiohttp.TCPConnector(limit=0),  # the load tool decides concurrency
+        )
+        self.model: str | None = None
+
+    async def start(self) -> None:
+        async with self._session.get(f"{self.base_url}/v1/models", headers=self._headers) as response:
+            response.raise_for_status()
+            self.model = (await response.json())["data"][0]["id"]
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def send(self, spec: RequestSpec, history: list[dict] | None = None) -> RequestTiming:
+        body = {
+            "model": self.model,
+            "max_tokens": spec.output_len,
+            **self.sampling_fields,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if spec.prompt_token_ids is not None:
+            url, body["prompt"] = f"{self.base_url}/v1/completions", spec.prompt_token_ids
+        else:
+            url, body["messages"] = f"{self.base_url}/v1/chat/completions", history
+        timing = RequestTiming(time.perf_counter())
+        try:
+            async with self._session.post(url, json=body, headers=self._headers) as response:
+                if response.status != 200:
+                    timing.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                    return timing
+                async for line in response.content:
+                    self._chunk(timing, line)
+        except Exception as exc:  # noqa: BLE001 - a failed request is counted, not fatal
+            timing.error = f"{type(exc).__name__}: {exc}"
+        return timing
+
+    @staticmethod
+    def _chunk(timing: RequestTiming, line: bytes) -> None:
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            return
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            timing.done_s = time.perf_counter()
+            return
+        chunk = orjson.loads(payload)
+        if "error" in chunk:
+            timing.error = str(chunk["error"])
+            return
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta")
+            text = (
+                delta.get("content") or delta.get("reasoning_content") or "" if delta else choice.get("text")
+            )
+            timing.text += text or ""
+            if choice.get("finish_reason") is None or text:
+                timing.chunk_s.append(time.perf_counter())
+        usage = chunk.get("usage")
+        if usage:
+            timing.prompt_tokens = usage["prompt_tokens"]
+            timing.output_tokens = usage["completion_tokens"]
+            details = usage.get("prompt_tokens_details") or {}
+            timing.cached_tokens = details.get("cached_tokens") or 0
+
+    async def gauges(self) -> ServerGauges | None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            async with self._session.get(f"{self.base_url}/metrics", headers=self._headers) as response:
+                text = await response.text()
+        except Exception:  # noqa: BLE001 - a missed sample is not a failed run
+            return None
+        values: dict[str, list[float]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values.setdefault(sample.name, []).append(sample.value)
+
+        def total(name: str) -> float:
+            return sum(values.get(f"cadence:{name}_total", values.get(f"cadence:{name}", [0.0])))
+
+        usage = values.get("cadence:kv_cache_usage_perc", [0.0])
+        return ServerGauges(
+            sum(usage) / len(usage),
+            total("prefix_cache_queries"),
+            total("prefix_cache_hits"),
+            total("num_requests_running"),
+            total("step_execute_seconds"),
+            total("step_wait_seconds"),
+        )
+
+
+class ZmqBackend:
+    """The native client (api.client.AsyncClient) on the tokenizer's address; no HTTP."""
+
+    def __init__(self, address: str, timeout_s: float, sampling: Sampling = Sampling()) -> None:
+        from api.async_client import AsyncClient
+
+        if sampling.mode == "model-defaults":
+            # The checkpoint's defaults are applied by the OpenAI API; a native request says all.
+            raise ValueError("--sampling model-defaults needs the http backend: native requests carry "
+                             "their sampling parameters whole (give --temperature, --top-p, --top-k)")
+        self.sampling_fields = sampling.fields()
+        self._client = AsyncClient(address, timeout_s=timeout_s, name="load generator")
+        self._ids = 0
+
+    async def start(self) -> None:
+        await self._client.start()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def send(self, spec: RequestSpec, history: list[dict] | None = None) -> RequestTiming:
+        from core.sampling_params import SamplingParams
+        from ipc.messages import ChatTurn, GenerateOutput, GenerateRequest
+
+        self._ids += 1
+        params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, **self.sampling_fields)
+        if spec.prompt_token_ids is not None:
+            request = GenerateRequest(
+                f"load-{self._ids}", params, prompt_token_ids=spec.prompt_token_ids, detokenize=False
+            )
+        else:
+            turns = [ChatTurn(m["role"], m["content"]) for m in history]
+            request = GenerateRequest(f"load-{self._ids}", params, messages=turns)
+        timing = RequestTiming(time.perf_counter())
+        try:
+            async with await self._client.open([request]) as group:
+                async for out in group:
+                    if not isinstance(out, GenerateOutput):
+                        timing.error = out.message
+                        break
+                    if out.token_ids:
+                        timing.chunk_s.append(time.perf_counter())
+                    timing.text += out.text
+                    timing.prompt_tokens, timing.output_tokens = out.num_prompt_tokens, out.num_output_tokens
+                    timing.cached_tokens = out.num_cached_tokens
+                    if out.finished:
+                        timing.done_s = time.perf_counter()
+                        timing.error = out.error
+        except Exception as exc:  # noqa: BLE001 - a failed request is counted, not fatal
+            timing.error = f"{type(exc).__name__}: {exc}"
+        return timing
+
+    async def gauges(self) -> ServerGauges | None:
+        try:
+            info = await self._client.server_info()
+        except Exception:  # noqa: BLE001
+            return None
+        stats = [r.stats for r in info.replicas if r.stats is not None]
+        if not stats:
+            return None
+        return ServerGauges(
+            sum(s.kv_usage for s in stats) / len(stats),
+            sum(s.prefix_cache_query_tokens for s in stats),
+            sum(s.prefix_cache_hit_tokens for s in stats),
+            sum(s.num_running for s in stats),
+            sum(r.step_execute_s for r in info.replicas),
+            sum(r.step_wait_s for r in info.replicas),
+        )
