@@ -17,7 +17,7 @@ from core.config import (
     ParallelConfig,
     SchedulerConfig,
 )
-from procs.launcher import LaunchOptions
+from procs.launch_options import LaunchOptions
 
 DEFAULT_MODEL = "qwen3-tiny"
 
