@@ -4,7 +4,7 @@ soak/ are commands; `python -m benchmarks.<name> --help` says how to run each:
 Performance
     load            drive a running server; latency percentiles, throughput, prefix-cache hit rate
     suite           start `cadence serve` per setting and run `load` (and `peer_hf`) against each
-    report          docs/reports/performance.md from the JSON of `suite`, `kernels`, `step_profile`
+    report          docs/reports/performance.md from the JSON of `suite` and the GPU benchmarks
     peer_hf         the same random workload through transformers' `generate_batch`
     system_batch    one batch through the multiprocess system, without HTTP
     kernels         achieved bandwidth of the Triton attention kernels (GPU)
@@ -21,5 +21,5 @@ Correctness and reliability
 
 lib/ holds what several commands share and none runs: the load generator's datasets, backends,
 run and summary (load, fault_drill, peer_hf, report) and a server's processes read from /proc
-(fault_drill, soak). NOTES.md records what each optimization measured.
+(fault_drill, soak). NOTES.md records each performance change's prediction and outcome.
 """
