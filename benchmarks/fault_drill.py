@@ -31,8 +31,9 @@ import time
 import numpy as np
 
 from benchmarks import load
-from benchmarks.backends import HttpBackend
-from benchmarks.processes import find_by_title
+from benchmarks.lib.backends import HttpBackend
+from benchmarks.lib.load_run import LoadRun
+from benchmarks.lib.processes import find_by_title
 
 _HEALTH_EVERY_S = 0.5
 
@@ -89,7 +90,7 @@ async def drill(args: argparse.Namespace, load_args: argparse.Namespace) -> dict
         backend = HttpBackend(base_url, None, load_args.timeout, load.sampling_of(load_args))
         await backend.start()
         specs = load.build_dataset(load_args)
-        run = load.LoadRun(load_args, backend)
+        run = LoadRun(load_args, backend)
         start = time.perf_counter()
         killed: dict = {}
         stop = asyncio.Event()

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from benchmarks.datasets import random_dataset
+from benchmarks.lib.datasets import random_dataset
 from core.config import ModelConfig
 from core.execution.model.loader import TORCH_DTYPES, dummy_tensor
 

@@ -19,7 +19,7 @@ import os
 import platform
 import subprocess
 
-from benchmarks.load_summary import sampling_text
+from benchmarks.lib.load_summary import sampling_text
 
 ORDER = ("chat", "c1", "c1_defaults", "c16", "c64", "c302", "c302_defaults", "c1_sync", "c302_sync",
          "prefix_on", "prefix_on_sync", "prefix_off", "dp2", "peer_cadence", "tp2")

@@ -18,7 +18,7 @@ from core.config import (
     SchedulerConfig,
 )
 from core.registry import AUTO_ATTENTION_BACKENDS, attention_backend_choices
-from procs.launcher import LaunchOptions
+from procs.launch_options import LaunchOptions
 
 DEFAULT_MODEL = "qwen3-tiny"
 

@@ -34,7 +34,9 @@ from ipc.codec import CodecError, decode, encode
 from ipc.endpoints import Endpoints
 from ipc.messages import ExecutorSpec, Ready, ReplicaDown, SchedulerSpec, Shutdown, TokenizerSpec
 from ipc.shm_ring import cleanup_stale, ring_name, run_prefix
+from procs.args import add_engine_args, config_from_args, launch_options_from_args
 from procs.executor_proc import run_executor
+from procs.launch_options import LaunchOptions
 from procs.scheduler_proc import run_scheduler
 from procs.tokenizer_proc import run_tokenizer
 
@@ -46,19 +48,6 @@ SPIN_S = 1e-3
 
 class LaunchError(RuntimeError):
     """A process failed to start; the message names it and carries its own error."""
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    served_model_name: str | None = None  # default: the model's name
-    tokenizer_path: str | None = None  # default: the model directory (or the built-in vocabulary)
-    startup_timeout_s: float = 900.0  # loading 30 GB of weights and profiling takes minutes
-    # A step with no result for this long takes its replica down. Far above the slowest legitimate
-    # step (a full 8,192-token prefill of the 14B model takes under a second on an H200; the Triton
-    # compiles happen at start-up), far below the minute after which a user gives up.
-    step_timeout_s: float = 30.0
-    shutdown_timeout_s: float = 10.0  # per stage, before SIGKILL
-    runtime_root: str | None = None  # where the private socket directory goes (tests)
 
 
 @dataclass
@@ -311,8 +300,6 @@ def _free_port() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m procs.launcher`: the system without HTTP, for native clients; Ctrl-C stops it."""
-    from procs.args import add_engine_args, config_from_args, launch_options_from_args
-
     parser = argparse.ArgumentParser(prog="python -m procs.launcher", description=main.__doc__)
     add_engine_args(parser)
     args = parser.parse_args(argv)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from api.generation import Generation
-from benchmarks.generalization import format_table, parse_args, run_matrix
-from benchmarks.generalization_compare import Tolerance, compare
-from benchmarks.generalization_report import render_markdown
+from benchmarks.generalization.compare import Tolerance, compare
+from benchmarks.generalization.matrix import format_table, parse_args, run_matrix
+from benchmarks.generalization.report import render_markdown
 from ipc.messages import TopLogprob
 
 

@@ -11,8 +11,8 @@ from system_client import tiny_config
 from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
 from benchmarks import load
-from benchmarks.backends import Sampling, ZmqBackend
-from benchmarks.datasets import ideal_prefix_hit_rate, random_dataset, shared_prefix_dataset
+from benchmarks.lib.backends import Sampling, ZmqBackend
+from benchmarks.lib.datasets import ideal_prefix_hit_rate, random_dataset, shared_prefix_dataset
 from procs.launcher import Launcher, LaunchOptions
 
 REQUIRED_KEYS = (

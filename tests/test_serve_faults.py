@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from benchmarks.processes import find_by_title, remember, survivors
+from benchmarks.lib.processes import find_by_title, remember, survivors
 from ipc.shm_ring import SHM_DIR
 
 

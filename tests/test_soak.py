@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import soak
+from benchmarks.soak import run as soak
 
 
 def test_short_soak_meets_every_target_and_exercises_drops_and_refusals(tmp_path):

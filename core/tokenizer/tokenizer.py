@@ -1,9 +1,10 @@
-"""The one tokenizer interface of Cadence, its Hugging Face implementation, and `load_tokenizer`.
+"""The one tokenizer interface of Cadence and its Hugging Face implementation.
 
 The API layer encodes prompts and renders chats through a `Tokenizer`; the detokenizer turns
 sampled ids back into text through `token_bytes`. Two implementations sit behind it: `HFTokenizer`
 (a model directory's tokenizer.json, through transformers) here, and `QwenVocabTokenizer` (the
-built-in Qwen vocabulary, for presets that ship no tokenizer files) in `qwen_vocab.py`.
+built-in Qwen vocabulary, for presets that ship no tokenizer files) in `qwen_vocab.py`;
+`load_tokenizer` in `loader.py` picks one for a model.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from functools import cache
 from pathlib import Path
 
 from core.tokenizer.chat_template import flatten_contents, render_chatml
-
-# Any of these in a directory means it carries its own tokenizer.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
 class TokenizerError(ValueError):
@@ -172,25 +170,3 @@ class HFTokenizer(Tokenizer):
         except Exception as exc:  # jinja2 raises its own types, templates raise_exception(...)
             raise ValueError(f"the chat template of {self.directory} rejected the messages: {exc}") from exc
         return text
-
-
-def _has_tokenizer_files(directory: Path) -> bool:
-    return any((directory / name).is_file() for name in TOKENIZER_FILES)
-
-
-def load_tokenizer(model_path: str | Path | None) -> Tokenizer:
-    """A model directory's own tokenizer, or the built-in Qwen3 vocabulary when it has none.
-
-    None (a preset with dummy weights) and a directory without tokenizer files get the built-in
-    vocabulary; a path that is not a directory is an error rather than a silent fallback.
-    """
-    if model_path is not None:
-        directory = Path(model_path)
-        if not directory.is_dir():
-            raise TokenizerError(f"model path {directory} is not a directory")
-        if _has_tokenizer_files(directory):
-            return HFTokenizer(directory)
-    # Imported here: qwen_vocab imports this module for the base class.
-    from core.tokenizer.qwen_vocab import QwenVocabTokenizer
-
-    return QwenVocabTokenizer()

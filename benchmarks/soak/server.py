@@ -16,8 +16,8 @@ import urllib.request
 from typing import Any
 
 from api.client import Client
-from benchmarks.processes import cmdline, descendants, remember, rss_mib, survivors
-from benchmarks.soak_workload import MAX_MODEL_LEN
+from benchmarks.lib.processes import cmdline, descendants, remember, rss_mib, survivors
+from benchmarks.soak.workload import MAX_MODEL_LEN
 from ipc.shm_ring import SHM_DIR, run_prefix
 
 _SIGINT_GRACE_S = 20.0

@@ -14,10 +14,11 @@ import time
 
 from api.client import Client
 from api.generation import Generation, make_request
-from benchmarks.generalization_workload import Job
+from benchmarks.generalization.workload import Job
 from core.config import EngineConfig
 from ipc.messages import ReplicaInfo, ServerInfo
-from procs.launcher import Launcher, LaunchOptions
+from procs.launch_options import LaunchOptions
+from procs.launcher import Launcher
 
 POLL_S = 0.05
 

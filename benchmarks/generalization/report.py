@@ -1,6 +1,7 @@
-"""The Markdown report of a generalization matrix run (the JSON of benchmarks/generalization.py).
+"""The Markdown report of a generalization matrix run (the JSON of
+benchmarks/generalization/matrix.py).
 
-    python -m benchmarks.generalization_report docs/reports/generalization_cpu.json \\
+    python -m benchmarks.generalization.report docs/reports/generalization_cpu.json \\
         --out docs/reports/generalization.md
 
 It says what made the results (the command), where (platform, CPUs, GPUs), with what (python,
@@ -33,8 +34,8 @@ def render_markdown(report: dict) -> str:
         "processes, the native ZeroMQ client) and checks invariants; after every cell the pool must "
         "balance: every replica alive, nothing running or waiting, no page owned, every page free or "
         "held only by the prefix cache. `--subset full` adds prompts of 1000 tokens, batches of 64 "
-        "and 256 and a max_model_len of 2048; benchmarks/generalization.py's docstring lists every "
-        "server and cell.",
+        "and 256 and a max_model_len of 2048; benchmarks/generalization/matrix.py's docstring lists "
+        "every server and cell.",
         "",
         "## Machine and versions",
         "",
@@ -112,7 +113,7 @@ def _cell_text(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.generalization_report", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.generalization.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", help="the JSON of python -m benchmarks.generalization --out")
     parser.add_argument("--out", help="write the Markdown here (default: print it)")

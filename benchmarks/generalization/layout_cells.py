@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 from api.generation import Generation
-from benchmarks.generalization_cell import Cell, CellContext
-from benchmarks.generalization_reference_cells import cache_cell_jobs
-from benchmarks.generalization_workload import (
+from benchmarks.generalization.cell import Cell, CellContext
+from benchmarks.generalization.reference_cells import cache_cell_jobs
+from benchmarks.generalization.workload import (
     Job,
     Workload,
     common_prefix_len,

@@ -3,7 +3,7 @@
 A cell's function gets a `CellContext`: the server, the workload, the reference outputs every
 server shares (by job key), and `Checks`, which records each failed invariant with a message that
 names the request and the numbers, instead of stopping at the first. The matrix runner
-(benchmarks/generalization.py) adds the pool-balance check after every cell.
+(benchmarks/generalization/matrix.py) adds the pool-balance check after every cell.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from api.generation import Generation
-from benchmarks.generalization_compare import Tolerance, compare
-from benchmarks.generalization_server import Server
-from benchmarks.generalization_workload import Job, Workload
+from benchmarks.generalization.compare import Tolerance, compare
+from benchmarks.generalization.server import Server
+from benchmarks.generalization.workload import Job, Workload
 
 
 class Checks:

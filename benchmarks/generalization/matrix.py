@@ -25,14 +25,14 @@ run in order, and it is shut down before the next starts:
   servers run one step at a time, as the reference does.
 * dp2, tp2: two replicas, and one replica split over two ranks.
 
-After every cell the pool must balance (benchmarks/generalization_server.py): every replica alive,
+After every cell the pool must balance (benchmarks/generalization/server.py): every replica alive,
 nothing running or waiting, kv_usage 0, every page free or held only by the prefix cache, within
 --idle-timeout seconds, judged only on a scheduler report sent after the cell's last output.
 
-Outputs that must agree are compared by benchmarks/generalization_compare.py: in float32 token by
+Outputs that must agree are compared by benchmarks/generalization/compare.py: in float32 token by
 token (and each sampled token's logprob within --logprob-atol); in bf16/fp16 token by token up to
 a near-tie, where in both runs both diverging tokens are among the top 20 logprobs and within
---tie-tolerance nats (0.35: see generalization_compare.py) of that run's best; the tokens after it
+--tie-tolerance nats (0.35: see compare.py) of that run's best; the tokens after it
 are not compared.
 
 The engine flags (`--model`, `--device`, `--dtype`, `--block-size`, `--max-model-len`, ...) make the
@@ -59,9 +59,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from api.client import ClientError
-from benchmarks.generalization_cell import Cell, CellContext, Checks
-from benchmarks.generalization_compare import Tolerance
-from benchmarks.generalization_layout_cells import (
+from benchmarks.generalization.cell import Cell, CellContext, Checks
+from benchmarks.generalization.compare import Tolerance
+from benchmarks.generalization.layout_cells import (
     chunked_cell,
     identical_prompts_cell,
     layout_cell,
@@ -69,10 +69,10 @@ from benchmarks.generalization_layout_cells import (
     preemption_pool,
     prefix_cache_cells,
 )
-from benchmarks.generalization_reference_cells import reference_cells
-from benchmarks.generalization_report import render_markdown
-from benchmarks.generalization_server import NotIdle, Server
-from benchmarks.generalization_workload import Workload, make_shape
+from benchmarks.generalization.reference_cells import reference_cells
+from benchmarks.generalization.report import render_markdown
+from benchmarks.generalization.server import NotIdle, Server
+from benchmarks.generalization.workload import Workload, make_shape
 from core.config import EngineConfig, ParallelConfig
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
 
@@ -259,7 +259,7 @@ def base_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def run_matrix(args: argparse.Namespace, on_progress: Callable[[dict], None] | None = None) -> dict:
-    """Run the matrix the arguments describe; returns the report (see generalization_report).
+    """Run the matrix the arguments describe; returns the report (see report.py).
     `on_progress` gets the report so far after every server (a long run killed midway keeps it)."""
     base = base_config(args)
     shape = make_shape(args.subset, base.cache.block_size, base.max_model_len)
@@ -369,6 +369,3 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(report))
     return 0 if report["passed"] else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

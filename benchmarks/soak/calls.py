@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.soak_workload import CHAT, Shot
+from benchmarks.soak.workload import CHAT, Shot
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from api.generation import Generation
-from benchmarks.generalization_cell import Cell, CellContext
-from benchmarks.generalization_workload import SEED, Job, Workload, copies_of, greedy, sampled
+from benchmarks.generalization.cell import Cell, CellContext
+from benchmarks.generalization.workload import SEED, Job, Workload, copies_of, greedy, sampled
 from ipc.messages import ChatTurn
 
 

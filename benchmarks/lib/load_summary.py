@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from benchmarks.backends import Sampling, ServerGauges
-from benchmarks.datasets import ideal_prefix_hit_rate
-
-if TYPE_CHECKING:
-    from benchmarks.load import LoadRun
+from benchmarks.lib.backends import Sampling, ServerGauges
+from benchmarks.lib.datasets import ideal_prefix_hit_rate
+from benchmarks.lib.load_run import LoadRun
 
 
 def tokens_per_second(times_s: list[float]) -> list[int]:

@@ -20,8 +20,8 @@ through a sample every --progress-every calls, since one pair of samples is most
 swing; and, for a server it started, SIGINT leaves no process and no /dev/shm segment behind. The
 result goes to --output as JSON; the exit status is 1 when a target is missed.
 
-The calls are benchmarks/soak_workload.py's, judged by benchmarks/soak_calls.py; the server and
-its processes are benchmarks/soak_server.py's.
+The calls are benchmarks/soak/workload.py's, judged by benchmarks/soak/calls.py; the server and
+its processes are benchmarks/soak/server.py's.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from benchmarks.soak_calls import Outcome, fire
-from benchmarks.soak_server import ServerUnderTest, idle_pages, launcher_pid, rss_snapshot
-from benchmarks.soak_workload import Shot, Workload
+from benchmarks.soak.calls import Outcome, fire
+from benchmarks.soak.server import ServerUnderTest, idle_pages, launcher_pid, rss_snapshot
+from benchmarks.soak.workload import Shot, Workload
 
 RSS_GROWTH_LIMIT_PCT = 10.0
 _FAILURES_KEPT = 50
@@ -330,6 +330,3 @@ def _run(args: argparse.Namespace, server: ServerUnderTest | None) -> dict[str, 
         "pages": pages,
     }
 
-
-if __name__ == "__main__":
-    sys.exit(0 if main()["passed"] else 1)

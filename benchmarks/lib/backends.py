@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from benchmarks.datasets import RequestSpec
+from benchmarks.lib.datasets import RequestSpec
 
 SAMPLING_MODES = ("greedy", "model-defaults")
 

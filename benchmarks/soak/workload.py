@@ -2,7 +2,7 @@
 whole, short prompts and long shared prefixes, greedy and sampled, n=2, stop strings), streams the
 client drops after a chunk or two (10 %), and bad requests the server must refuse (5 %).
 
-benchmarks/soak.py fires them; benchmarks/soak_calls.py judges what comes back.
+benchmarks/soak/run.py fires them; benchmarks/soak/calls.py judges what comes back.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import orjson
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 MAX_MODEL_LEN = 1024  # the soaked server's --max-model-len: the bad requests are sized against it
-_MAX_ORDINARY_ID = 151_000  # below Qwen's special tokens, as in benchmarks/datasets.py
+_MAX_ORDINARY_ID = 151_000  # below Qwen's special tokens, as in benchmarks/lib/datasets.py
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
           "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform",
           "victor", "whiskey", "xray", "yankee", "zulu")

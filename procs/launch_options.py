@@ -1,0 +1,21 @@
+"""LaunchOptions: how the launcher runs the system, apart from the engine's own configuration.
+
+The launcher takes them; `procs.args` makes them from the command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    served_model_name: str | None = None  # default: the model's name
+    tokenizer_path: str | None = None  # default: the model directory (or the built-in vocabulary)
+    startup_timeout_s: float = 900.0  # loading 30 GB of weights and profiling takes minutes
+    # A step with no result for this long takes its replica down. Far above the slowest legitimate
+    # step (a full 8,192-token prefill of the 14B model takes under a second on an H200; the Triton
+    # compiles happen at start-up), far below the minute after which a user gives up.
+    step_timeout_s: float = 30.0
+    shutdown_timeout_s: float = 10.0  # per stage, before SIGKILL
+    runtime_root: str | None = None  # where the private socket directory goes (tests)
