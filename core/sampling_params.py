@@ -91,8 +91,9 @@ class SamplingColumn(NamedTuple):
     value: Callable[[SamplingParams, int], float | int]  # of a request's params and its seed
 
 
-# Adding a sampling parameter: its field (and check) in SamplingParams, a line here, its use in
-# core/execution/sampler.py. The plan, the slot table and the packed layout follow from this table.
+# Adding a sampling parameter: its field (and check) in SamplingParams, a line here, and in
+# core/execution/sampler.py a SamplingTensors field of the same name and the code that reads it. The
+# plan's record dtype, the slot table's rows, the packed layout and the host-to-device copy follow.
 SAMPLING_COLUMNS = (
     SamplingColumn("temperature", np.float32, lambda params, seed: params.temperature),  # 0 = greedy
     SamplingColumn("top_p", np.float32, lambda params, seed: params.top_p),  # 1 = off
