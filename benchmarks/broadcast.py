@@ -23,6 +23,7 @@ import uuid
 import numpy as np
 
 from core.plan import StepPlan
+from core.sampling_params import sampling_rows
 from ipc.channels import PubChannel, PullChannel, PushChannel, SubChannel
 from ipc.messages import Ping, Pong, StepReady, Stop
 from ipc.shm_ring import StepRing, cleanup_stale, ring_name, run_prefix
@@ -33,17 +34,11 @@ from procs.plan_receiver import PlanReceiver
 def decode_plan(step_id: int, batch: int, pages_per_request: int, block_size: int = 16) -> StepPlan:
     """A decode step of `batch` requests, each `pages_per_request` pages deep."""
     seq_lens = np.full(batch, pages_per_request * block_size - 3, np.int32)
-    ones, zeros_f = np.ones(batch, np.float32), np.zeros(batch, np.float32)
     return StepPlan(
-        step_id=step_id, replica=0, req_slot=np.arange(batch, dtype=np.int32),
-        query_start=np.arange(batch + 1, dtype=np.int32), seq_lens=seq_lens,
+        step_id=step_id, replica=0, query_start=np.arange(batch + 1, dtype=np.int32), seq_lens=seq_lens,
         block_table=np.arange(batch * pages_per_request, dtype=np.int32).reshape(batch, -1),
-        logits_index=np.arange(batch, dtype=np.int32), temperature=ones, top_p=ones,
-        top_k=np.zeros(batch, np.int32), min_p=zeros_f, seed=np.arange(batch, dtype=np.int64),
-        output_pos=np.full(batch, 7, np.int32), repetition_penalty=ones, presence_penalty=zeros_f,
-        frequency_penalty=zeros_f, num_logprobs=np.full(batch, -1, np.int32),
-        history_start=np.zeros(batch + 1, np.int32), history_prompt_len=np.zeros(batch, np.int32),
-        history_ids=np.zeros(0, np.int32), input_ids=np.arange(batch, dtype=np.int32) + step_id,
+        logits_index=np.arange(batch, dtype=np.int32), sampling=sampling_rows(batch, seed=np.arange(batch)),
+        output_pos=np.full(batch, 7, np.int32), input_ids=np.arange(batch, dtype=np.int32) + step_id,
         positions=seq_lens - 1, slot_mapping=np.arange(batch, dtype=np.int64),
     )
 

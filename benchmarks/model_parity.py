@@ -21,6 +21,7 @@ from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from core.execution.model.loader import TORCH_DTYPES, dummy_tensors
 from core.execution.runner import ModelRunner
 from core.plan import StepPlan
+from core.sampling_params import sampling_rows
 
 
 def hf_model_like(config: ModelConfig, runner: ModelRunner, device: str):
@@ -67,28 +68,14 @@ def plan_for(
     slots = np.concatenate(
         [table[b][pos // block_size] * block_size + pos % block_size for b in range(batch)]
     )
-    ones, zeros = np.ones(batch, np.float32), np.zeros(batch, np.float32)
     return StepPlan(
         step_id=step_id,
         replica=0,
-        req_slot=np.arange(batch, dtype=np.int32),
         query_start=(np.arange(batch + 1) * n).astype(np.int32),
         seq_lens=np.full(batch, start + n, np.int32),
         block_table=table,
         logits_index=((np.arange(batch) + 1) * n - 1).astype(np.int32),
-        temperature=zeros,
-        top_p=ones,
-        top_k=np.zeros(batch, np.int32),
-        min_p=zeros,
-        seed=np.zeros(batch, np.int64),
-        output_pos=np.zeros(batch, np.int32),
-        repetition_penalty=ones,
-        presence_penalty=zeros,
-        frequency_penalty=zeros,
-        num_logprobs=np.full(batch, -1, np.int32),
-        history_start=np.zeros(batch + 1, np.int32),
-        history_prompt_len=np.zeros(batch, np.int32),
-        history_ids=np.zeros(0, np.int32),
+        sampling=sampling_rows(batch, temperature=0.0),
         input_ids=np.tile(np.asarray(tokens, np.int32), batch),
         positions=np.tile(pos, batch).astype(np.int32),
         slot_mapping=slots.astype(np.int64),

@@ -31,6 +31,7 @@ from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from core.execution.runner import ModelRunner
 from core.execution.sampler import SamplingTensors
 from core.plan import StepPlan
+from core.sampling_params import sampling_rows
 
 # Sampling modes profiled: name -> (temperature, top_p, top_k); "defaults" is Qwen3's generation_config.
 SAMPLING_MODES = {"greedy": (0.0, 1.0, 0), "defaults": (0.6, 0.95, 20)}
@@ -58,17 +59,11 @@ def decode_plan(batch: int, context: int, block_size: int, pages_per_req: int, r
     pages = rng.permutation(batch * pages_per_req).astype(np.int32).reshape(batch, pages_per_req)
     pos = np.full(batch, context - 1, np.int32)
     slots = pages[np.arange(batch), pos // block_size].astype(np.int64) * block_size + pos % block_size
-    ones, zeros = np.ones(batch, np.float32), np.zeros(batch, np.float32)
     return StepPlan(
-        step_id=0, replica=0, req_slot=np.arange(batch, dtype=np.int32),
-        query_start=np.arange(batch + 1, dtype=np.int32), seq_lens=np.full(batch, context, np.int32),
-        block_table=pages, logits_index=np.arange(batch, dtype=np.int32),
-        temperature=zeros, top_p=ones, top_k=np.zeros(batch, np.int32), min_p=zeros,
-        seed=np.zeros(batch, np.int64), output_pos=np.zeros(batch, np.int32), repetition_penalty=ones,
-        presence_penalty=zeros, frequency_penalty=zeros, num_logprobs=np.full(batch, -1, np.int32),
-        history_start=np.zeros(batch + 1, np.int32), history_prompt_len=np.zeros(batch, np.int32),
-        history_ids=np.zeros(0, np.int32), input_ids=rng.integers(0, 150_000, batch).astype(np.int32),
-        positions=pos, slot_mapping=slots,
+        step_id=0, replica=0, query_start=np.arange(batch + 1, dtype=np.int32),
+        seq_lens=np.full(batch, context, np.int32), block_table=pages,
+        logits_index=np.arange(batch, dtype=np.int32), sampling=sampling_rows(batch, temperature=0.0),
+        input_ids=rng.integers(0, 150_000, batch).astype(np.int32), positions=pos, slot_mapping=slots,
     )
 
 
@@ -137,9 +132,9 @@ def kernel_breakdown(fn) -> tuple[dict[str, float], int, list[tuple[str, float]]
 def with_sampling(plan: StepPlan, mode: str) -> StepPlan:
     temperature, top_p, top_k = SAMPLING_MODES[mode]
     batch = plan.num_reqs
-    return dataclasses.replace(
-        plan, temperature=np.full(batch, temperature, np.float32), top_p=np.full(batch, top_p, np.float32),
-        top_k=np.full(batch, top_k, np.int32), seed=np.arange(batch, dtype=np.int64) * 7919)
+    sampling = sampling_rows(batch, temperature=temperature, top_p=top_p, top_k=top_k,
+                             seed=np.arange(batch, dtype=np.int64) * 7919)
+    return dataclasses.replace(plan, sampling=sampling)
 
 
 def profile_sampler(runner: ModelRunner, plan: StepPlan, repeats: int) -> dict:

@@ -4,7 +4,11 @@ A StepPlan is a small header plus flat numpy arrays. There are no prefill and de
 scheduled request computes its next chunk of tokens (a decode is a chunk of one), so chunked
 prefill, prefix-cache hits and mixed batches all take the same path. Each array field declares its
 dtype and its length (`column`); `plan_arrays()` lists them, and ipc/plan_layout.py lays them out in
-a shared-memory slot from that list.
+a shared-memory slot from that list. A field declared with a neutral value may be left out when a
+plan is built (warm-up steps, tests, benchmarks): it is then filled with that value.
+
+Every value travels in every plan: the executor keeps nothing per request between steps (only the
+previous step's sampled tokens, which `prev_row` refers to).
 """
 
 from __future__ import annotations
@@ -13,41 +17,39 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from core.sampling_params import DEFAULT_SAMPLING_ROW, SAMPLING_DTYPE
+
 # An array's length: B requests, B+1 (prefix sums), BW (B rows of W pages), T tokens, H history ids.
 DIMS = ("B", "B+1", "BW", "T", "H")
 
 
-def column(dtype, dim: str, **kwargs):
-    """A StepPlan array field of `dtype` and length `dim` (one of DIMS)."""
+def column(dtype, dim: str, neutral=None):
+    """A StepPlan array field of `dtype` and length `dim` (one of DIMS). With a `neutral` value the
+    field may be left out: a B or B+1 field is then filled with it, an H field is empty."""
     assert dim in DIMS, dim
-    return field(metadata={"dtype": np.dtype(dtype), "dim": dim}, **kwargs)
+    metadata = {"dtype": np.dtype(dtype), "dim": dim, "neutral": neutral}
+    if neutral is None:
+        return field(metadata=metadata)
+    assert dim in ("B", "B+1", "H"), f"a {dim} field has no length to fill without the plan's tokens"
+    return field(metadata=metadata, default=None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepPlan:
     step_id: int
     replica: int
     # --- per request (B) ------------------------------------------------------------------------
-    req_slot: np.ndarray = column(np.int32, "B")  # executor-side persistent slot of the request
     query_start: np.ndarray = column(np.int32, "B+1")  # prefix sum of this step's tokens per request
     seq_lens: np.ndarray = column(np.int32, "B")  # context length after this step
     block_table: np.ndarray = column(np.int32, "BW")  # pages of each request, W = widest request this step
     logits_index: np.ndarray = column(np.int32, "B")  # token row that yields the next token; -1 = mid-prefill
-    # sampling, one value per request
-    temperature: np.ndarray = column(np.float32, "B")  # 0 = greedy
-    top_p: np.ndarray = column(np.float32, "B")
-    top_k: np.ndarray = column(np.int32, "B")  # 0 = no limit
-    min_p: np.ndarray = column(np.float32, "B")
-    seed: np.ndarray = column(np.int64, "B")  # every request has one (the scheduler draws it when unset)
-    output_pos: np.ndarray = column(np.int32, "B")  # tokens generated so far: the noise index of this draw
-    repetition_penalty: np.ndarray = column(np.float32, "B")
-    presence_penalty: np.ndarray = column(np.float32, "B")
-    frequency_penalty: np.ndarray = column(np.float32, "B")
-    num_logprobs: np.ndarray = column(np.int32, "B")  # -1 = none, 0 = sampled token only, N = also the top N
+    # sampling settings, one record per request: the columns of core/sampling_params.py's table
+    sampling: np.ndarray = column(SAMPLING_DTYPE, "B", neutral=DEFAULT_SAMPLING_ROW)
+    output_pos: np.ndarray = column(np.int32, "B", neutral=0)  # tokens generated so far: noise index
     # token history for penalties, only for requests that have one (ragged: prompt then output)
-    history_start: np.ndarray = column(np.int32, "B+1")
-    history_prompt_len: np.ndarray = column(np.int32, "B")  # how many of a request's history ids are prompt
-    history_ids: np.ndarray = column(np.int32, "H")
+    history_start: np.ndarray = column(np.int32, "B+1", neutral=0)
+    history_prompt_len: np.ndarray = column(np.int32, "B", neutral=0)  # how many history ids are prompt
+    history_ids: np.ndarray = column(np.int32, "H", neutral=0)
     # --- per token (T) --------------------------------------------------------------------------
     input_ids: np.ndarray = column(np.int32, "T")
     positions: np.ndarray = column(np.int32, "T")  # absolute position in the sequence
@@ -55,12 +57,13 @@ class StepPlan:
     # --- per request, async scheduling ----------------------------------------------------------------
     # >= 0 where a request's one input token is the token sampled at that row of the replica's
     # previous step, not yet known to the scheduler (input_ids holds 0 there); -1 elsewhere.
-    # None when building a plan: no placeholders.
-    prev_row: np.ndarray = column(np.int32, "B", default=None)
+    prev_row: np.ndarray = column(np.int32, "B", neutral=-1)
 
     def __post_init__(self) -> None:
-        if self.prev_row is None:
-            object.__setattr__(self, "prev_row", np.full(len(self.seq_lens), -1, np.int32))
+        lengths = {"B": len(self.seq_lens), "B+1": len(self.seq_lens) + 1, "H": 0}
+        for name, dtype, dim, neutral in _NEUTRAL_FIELDS:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.full(lengths[dim], neutral, dtype))
 
     @property
     def num_reqs(self) -> int:
@@ -98,3 +101,8 @@ class StepResult:
 def plan_arrays() -> tuple[tuple[str, np.dtype, str], ...]:
     """(name, dtype, dim) of every array of a StepPlan, in field order."""
     return tuple((f.name, f.metadata["dtype"], f.metadata["dim"]) for f in fields(StepPlan) if f.metadata)
+
+
+# (name, dtype, dim, neutral) of the arrays a plan may be built without.
+_NEUTRAL_FIELDS = tuple((f.name, f.metadata["dtype"], f.metadata["dim"], f.metadata["neutral"])
+                        for f in fields(StepPlan) if f.metadata and f.metadata["neutral"] is not None)

@@ -1,14 +1,21 @@
-"""SamplingParams: how one request wants its tokens chosen and when it stops.
+"""SamplingParams: how one request wants its tokens chosen and when it stops; SAMPLING_COLUMNS: how
+the part the sampler reads travels to the executor.
 
-Built by the API layer from a request body (fields the client left out already filled from the
-model's generation defaults), validated here so every entry point gets the same messages.
-`max_tokens` None means "up to the context": the tokenizer process, which counts the prompt's
-tokens, fills in max_model_len minus the prompt before the request goes on to the scheduler.
+SamplingParams is built by the API layer from a request body (fields the client left out already
+filled from the model's generation defaults), validated here so every entry point gets the same
+messages. `max_tokens` None means "up to the context": the tokenizer process, which counts the
+prompt's tokens, fills in max_model_len minus the prompt before the request goes on to the
+scheduler. SAMPLING_COLUMNS is the one list of the per-request settings the sampler reads: the dtype
+of StepPlan.sampling, the scheduler's slot rows and the plan's packed layout all derive from it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 MAX_LOGPROBS = 20
 
@@ -78,3 +85,53 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
+
+
+class SamplingColumn(NamedTuple):
+    """One per-request setting the sampler reads, as it travels in StepPlan.sampling."""
+
+    name: str
+    dtype: type  # a numpy scalar type
+    value: Callable[[SamplingParams, int], float | int]  # of a request's params and its seed
+
+
+# Adding a sampling parameter: its field (and check) in SamplingParams, a line here, and in
+# core/execution/sampler.py a SamplingTensors field of the same name and the code that reads it. The
+# plan's record dtype, the slot table's rows, the packed layout and the host-to-device copy follow.
+SAMPLING_COLUMNS = (
+    SamplingColumn("temperature", np.float32, lambda params, seed: params.temperature),  # 0 = greedy
+    SamplingColumn("top_p", np.float32, lambda params, seed: params.top_p),  # 1 = off
+    SamplingColumn("top_k", np.int32, lambda params, seed: max(params.top_k, 0)),  # 0 = off
+    SamplingColumn("min_p", np.float32, lambda params, seed: params.min_p),  # 0 = off
+    # every request has a seed: its own, or one the scheduler drew at admission
+    SamplingColumn("seed", np.int64, lambda params, seed: seed),
+    SamplingColumn("repetition_penalty", np.float32, lambda params, seed: params.repetition_penalty),
+    SamplingColumn("presence_penalty", np.float32, lambda params, seed: params.presence_penalty),
+    SamplingColumn("frequency_penalty", np.float32, lambda params, seed: params.frequency_penalty),
+    # -1 = none, 0 = the sampled token's only, N = also the top N
+    SamplingColumn("num_logprobs", np.int32,
+                   lambda params, seed: -1 if params.logprobs is None else params.logprobs),
+)
+
+# One request's settings as one record; aligned, so every column of an array of them is an aligned view.
+SAMPLING_DTYPE = np.dtype([(c.name, c.dtype) for c in SAMPLING_COLUMNS], align=True)
+
+
+def sampling_row(params: SamplingParams, seed: int) -> np.void:
+    """The SAMPLING_DTYPE record of a request with `params` and `seed`."""
+    return np.array(tuple(c.value(params, seed) for c in SAMPLING_COLUMNS), SAMPLING_DTYPE)[()]
+
+
+# The settings of a request that asked for nothing: SamplingParams' defaults, seed 0.
+DEFAULT_SAMPLING_ROW = sampling_row(SamplingParams(), seed=0)
+
+
+def sampling_rows(num_reqs: int, **columns) -> np.ndarray:
+    """[num_reqs] SAMPLING_DTYPE records at DEFAULT_SAMPLING_ROW, the named `columns` set from a
+    scalar or one value per request (for plans built without a scheduler: warm-up steps, tests)."""
+    rows = np.full(num_reqs, DEFAULT_SAMPLING_ROW, SAMPLING_DTYPE)
+    for name, values in columns.items():
+        if name not in SAMPLING_DTYPE.names:
+            raise KeyError(f"{name!r} is not a sampling column; the columns are {SAMPLING_DTYPE.names}")
+        rows[name] = values
+    return rows

@@ -2,6 +2,7 @@
 
     [0, 64)        header: step_id, replica, B, T, W, H as int64, two spare words
     then           every array of the plan in StepPlan's field order, each 64-byte aligned
+                   (`sampling` is one array of records, SAMPLING_DTYPE of core/sampling_params.py)
 
 B requests, T tokens, W pages in the widest block-table row, H penalty-history ids. `pack_plan`
 writes a plan into any writable buffer; `unpack_plan` reads it back as zero-copy views.
@@ -20,7 +21,6 @@ from core.plan import StepPlan, plan_arrays
 ALIGN = 64
 _HEADER_WORDS = 8  # step_id, replica, B, T, W, H, then two spare words
 _PLAN_ARRAYS = plan_arrays()
-
 
 
 def _shape(kind: str, b: int, t: int, w: int, h: int) -> tuple[int, ...]:

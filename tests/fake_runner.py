@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.plan import StepPlan, StepResult
-from core.sampling_params import SamplingParams
+from core.sampling_params import SAMPLING_DTYPE, SamplingParams
 
 _NOT_WRITTEN = -1
 _MASK64 = (1 << 64) - 1
@@ -88,16 +88,18 @@ class FakeRunner:
             slots = plan.block_table[row, positions // self.block_size].astype(np.int64) * self.block_size
             values = self.kv[slots + positions % self.block_size]
             assert (values != _NOT_WRITTEN).all(), f"step {plan.step_id} row {row} reads KV never written"
-            sampled[row] = next_token(int(values.sum()), int(plan.seed[row]), int(plan.output_pos[row]),
-                                      bool(plan.temperature[row] == 0.0), self.vocab_size)
+            settings = plan.sampling[row]
+            sampled[row] = next_token(int(values.sum()), int(settings["seed"]), int(plan.output_pos[row]),
+                                      bool(settings["temperature"] == 0.0), self.vocab_size)
         self.last_sampled, self.last_step_id = sampled, plan.step_id
         return StepResult(plan.step_id, plan.replica, sampled, **self._logprobs(plan, sampled))
 
     @staticmethod
     def _logprobs(plan: StepPlan, sampled: np.ndarray) -> dict[str, np.ndarray]:
-        if not (plan.num_logprobs >= 0).any():
+        num_logprobs = plan.sampling["num_logprobs"]
+        if not (num_logprobs >= 0).any():
             return {}
-        width = max(int(plan.num_logprobs.max()), 1)
+        width = max(int(num_logprobs.max()), 1)
         top_ids = (sampled[:, None] + np.arange(width)[None, :]).astype(np.int32)
         top_logprobs = -np.broadcast_to(np.arange(width, dtype=np.float32), top_ids.shape).copy()
         return {"sampled_logprobs": -(sampled % 7).astype(np.float32) / 8, "top_token_ids": top_ids,
@@ -107,11 +109,10 @@ class FakeRunner:
 def check_plan(plan: StepPlan, block_size: int, num_pages: int) -> None:
     """The contract of core/plan.py, checked from the plan alone."""
     b, t = plan.num_reqs, plan.num_tokens
-    for name in ("req_slot", "seq_lens", "logits_index", "temperature", "seed", "output_pos",
-                 "num_logprobs", "history_prompt_len"):
+    for name in ("seq_lens", "logits_index", "sampling", "output_pos", "history_prompt_len", "prev_row"):
         assert getattr(plan, name).shape == (b,), f"{name} has shape {getattr(plan, name).shape}, B = {b}"
+    assert plan.sampling.dtype == SAMPLING_DTYPE, f"sampling has dtype {plan.sampling.dtype}"
     assert len(plan.positions) == len(plan.slot_mapping) == t
-    assert len(np.unique(plan.req_slot)) == b, f"step {plan.step_id}: two requests share a slot"
     qs = plan.query_start
     assert qs.shape == (b + 1,) and qs[0] == 0 and qs[-1] == t, f"query_start {qs} does not cover {t} tokens"
     num_new = np.diff(qs)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.plan import StepPlan
+from core.sampling_params import sampling_rows
 
 
 @dataclass
@@ -37,26 +38,15 @@ def make_plan(chunks: list[Chunk], block_size: int, step_id: int = 0) -> StepPla
         positions.append(pos)
         slots.append(np.asarray(c.pages)[pos // block_size] * block_size + pos % block_size)
 
-    def per_req(values, dtype):
-        return np.asarray(values, dtype=dtype)
-
     return StepPlan(
-        step_id=step_id, replica=0,
-        req_slot=np.arange(num_reqs, dtype=np.int32),
-        query_start=query_start,
-        seq_lens=per_req([c.start + len(c.token_ids) for c in chunks], np.int32),
+        step_id=step_id, replica=0, query_start=query_start,
+        seq_lens=np.asarray([c.start + len(c.token_ids) for c in chunks], np.int32),
         block_table=block_table,
-        logits_index=per_req([query_start[i + 1] - 1 if c.sample else -1 for i, c in enumerate(chunks)],
-                             np.int32),
-        temperature=per_req([c.temperature for c in chunks], np.float32),
-        top_p=np.ones(num_reqs, np.float32), top_k=np.zeros(num_reqs, np.int32),
-        min_p=np.zeros(num_reqs, np.float32), seed=per_req([c.seed for c in chunks], np.int64),
-        output_pos=per_req([c.output_pos for c in chunks], np.int32),
-        repetition_penalty=np.ones(num_reqs, np.float32), presence_penalty=np.zeros(num_reqs, np.float32),
-        frequency_penalty=np.zeros(num_reqs, np.float32),
-        num_logprobs=per_req([c.num_logprobs for c in chunks], np.int32),
-        history_start=np.zeros(num_reqs + 1, np.int32), history_prompt_len=np.zeros(num_reqs, np.int32),
-        history_ids=np.zeros(0, np.int32),
+        logits_index=np.asarray([query_start[i + 1] - 1 if c.sample else -1 for i, c in enumerate(chunks)],
+                                np.int32),
+        sampling=sampling_rows(num_reqs, temperature=[c.temperature for c in chunks],
+                               seed=[c.seed for c in chunks], num_logprobs=[c.num_logprobs for c in chunks]),
+        output_pos=np.asarray([c.output_pos for c in chunks], np.int32),
         input_ids=np.concatenate([np.asarray(c.token_ids, np.int32) for c in chunks]),
         positions=np.concatenate(positions).astype(np.int32),
         slot_mapping=np.concatenate(slots).astype(np.int64),

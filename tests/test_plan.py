@@ -9,6 +9,7 @@ import pytest
 from plans import Chunk, make_plan
 
 from core.plan import StepPlan
+from core.sampling_params import SAMPLING_COLUMNS, SAMPLING_DTYPE, SamplingParams, sampling_row, sampling_rows
 from ipc.plan_layout import pack_plan, packed_plan_header, packed_plan_nbytes, unpack_plan
 
 BLOCK_SIZE = 16
@@ -39,11 +40,12 @@ def mixed_step() -> StepPlan:
         BLOCK_SIZE, step_id=812,
     )
     plan = with_history(plan, [(list(range(13)), 13), ([9, 8, 7, 42], 2), ([], 0)])
-    return replace(plan, replica=3, top_p=np.asarray([0.9, 1.0, 0.5], np.float32),
-                   top_k=np.asarray([20, 0, 5], np.int32), min_p=np.asarray([0.05, 0.0, 0.0], np.float32),
-                   repetition_penalty=np.asarray([1.1, 1.0, 1.3], np.float32),
-                   presence_penalty=np.asarray([0.5, -0.25, 0.0], np.float32),
-                   frequency_penalty=np.asarray([0.0, 0.125, -2.0], np.float32))
+    sampling = plan.sampling.copy()
+    for name, values in dict(top_p=[0.9, 1.0, 0.5], top_k=[20, 0, 5], min_p=[0.05, 0.0, 0.0],
+                             repetition_penalty=[1.1, 1.0, 1.3], presence_penalty=[0.5, -0.25, 0.0],
+                             frequency_penalty=[0.0, 0.125, -2.0]).items():
+        sampling[name] = values
+    return replace(plan, replica=3, sampling=sampling)
 
 
 def decode_batch() -> StepPlan:
@@ -160,3 +162,36 @@ def test_smaller_plan_packed_into_a_used_slot_unpacks_without_stale_data():
     pack_plan(small, slot)
     assert packed_plan_header(slot) == (813, 2)
     assert_plans_equal(unpack_plan(slot), small)
+
+
+def test_sampling_row_holds_what_the_sampler_needs_of_the_params():
+    params = SamplingParams(temperature=0.5, top_p=0.9, top_k=-1, min_p=0.1, seed=None,
+                            repetition_penalty=1.2, presence_penalty=-0.5, frequency_penalty=0.25, logprobs=3)
+    row = sampling_row(params, seed=-(2**62))
+    assert SAMPLING_DTYPE.names == tuple(c.name for c in SAMPLING_COLUMNS)
+    assert row["top_k"] == 0, "top_k -1 (no limit) travels as 0"
+    assert row["seed"] == -(2**62), "the seed is the request's (drawn when the params have none)"
+    assert row["num_logprobs"] == 3 and sampling_row(SamplingParams(), 0)["num_logprobs"] == -1
+    floats = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    for name in floats:
+        assert row[name] == np.float32(getattr(params, name)), name
+
+
+def test_plan_built_without_optional_fields_gets_their_neutral_values():
+    full = single_prefill()
+    plan = StepPlan(step_id=5, replica=0, query_start=full.query_start, seq_lens=full.seq_lens,
+                    block_table=full.block_table, logits_index=full.logits_index, input_ids=full.input_ids,
+                    positions=full.positions, slot_mapping=full.slot_mapping)
+    assert plan.sampling.tobytes() == sampling_rows(1).tobytes()
+    assert plan.sampling[0]["temperature"] == SamplingParams().temperature
+    assert plan.output_pos.tolist() == [0] and plan.prev_row.tolist() == [-1]
+    assert plan.history_start.tolist() == [0, 0] and plan.history_prompt_len.tolist() == [0]
+    assert plan.history_ids.shape == (0,)
+    buffer = bytearray(plan_nbytes(plan))
+    pack_plan(plan, buffer)
+    assert_plans_equal(unpack_plan(buffer), plan)
+
+
+def test_sampling_rows_refuses_a_column_that_does_not_exist():
+    with pytest.raises(KeyError, match="'top_a' is not a sampling column"):
+        sampling_rows(2, top_a=0.5)

@@ -9,42 +9,36 @@ import torch
 from core.execution.sampler import Sampler, SamplingTensors, apply_penalties
 from core.execution.sampling_noise import _fmix32, _mul32, exponential_noise
 from core.plan import StepPlan
+from core.sampling_params import sampling_rows
 
 History = list[tuple[list[int], list[int]]]
 
 
-def make_plan(num_reqs: int, history: History | None = None, **sampling) -> StepPlan:
-    """A decode step of `num_reqs` requests; sampling fields broadcast from scalars or per-request lists.
+def make_plan(num_reqs: int, history: History | None = None, logits_index=None, output_pos=0,
+              **sampling) -> StepPlan:
+    """A decode step of `num_reqs` requests; sampling columns broadcast from scalars or per-request lists
+    (the others at SamplingParams' defaults).
 
     `history` holds one (prompt ids, output ids) pair per request.
     """
-    defaults = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=0, output_pos=0,
-                    repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, num_logprobs=-1,
-                    logits_index=np.arange(num_reqs))
-    dtypes = dict(temperature=np.float32, top_p=np.float32, top_k=np.int32, min_p=np.float32, seed=np.int64,
-                  output_pos=np.int32, repetition_penalty=np.float32, presence_penalty=np.float32,
-                  frequency_penalty=np.float32, num_logprobs=np.int32, logits_index=np.int32)
-    arrays = {
-        name: np.broadcast_to(np.asarray(sampling.get(name, value), dtype=dtypes[name]), (num_reqs,)).copy()
-        for name, value in defaults.items()
-    }
     history = history or [([], [])] * num_reqs
     lengths = [len(prompt) + len(output) for prompt, output in history]
     ids = [token for prompt, output in history for token in prompt + output]
     return StepPlan(
         step_id=0,
         replica=0,
-        req_slot=np.arange(num_reqs, dtype=np.int32),
         query_start=np.arange(num_reqs + 1, dtype=np.int32),
         seq_lens=np.ones(num_reqs, dtype=np.int32),
         block_table=np.zeros((num_reqs, 1), dtype=np.int32),
+        logits_index=np.asarray(np.arange(num_reqs) if logits_index is None else logits_index, np.int32),
+        sampling=sampling_rows(num_reqs, **sampling),
+        output_pos=np.broadcast_to(np.asarray(output_pos, np.int32), (num_reqs,)).copy(),
         history_start=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
         history_prompt_len=np.array([len(prompt) for prompt, _ in history], dtype=np.int32),
         history_ids=np.array(ids, dtype=np.int32),
         input_ids=np.zeros(num_reqs, dtype=np.int32),
         positions=np.zeros(num_reqs, dtype=np.int32),
         slot_mapping=np.zeros(num_reqs, dtype=np.int64),
-        **arrays,
     )
 
 

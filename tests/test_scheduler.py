@@ -79,7 +79,6 @@ def step(scheduler: Scheduler, runner: FakeRunner, outcome: Outcome) -> StepPlan
     else:
         assert plan.num_tokens <= scheduler.config.max_num_batched_tokens, "the token budget was exceeded"
         assert plan.num_reqs <= scheduler.config.max_num_seqs
-        assert ((plan.req_slot >= 0) & (plan.req_slot < scheduler.config.max_num_seqs)).all()
         outputs = scheduler.update(plan, runner.run(plan))
     outcome.record(outputs)
     scheduler.pool.check()
@@ -294,7 +293,7 @@ def test_the_seed_is_drawn_at_admission_unless_given_and_travels_in_the_plan():
     assert add(again, "drawn", prompt(1, 5), temperature=1.0).seed == drawn.seed  # seeded generator
     outcome = Outcome()
     plan = step(scheduler, runner, outcome)
-    assert sorted(plan.seed.tolist()) == sorted([drawn.seed, 1234])
+    assert sorted(plan.sampling["seed"].tolist()) == sorted([drawn.seed, 1234])
     assert_reference_tokens(scheduler, drive(scheduler, runner, outcome), [drawn, given_seed])
 
 
@@ -579,7 +578,7 @@ def test_penalty_history_covers_the_context_of_penalized_requests_only():
     step(scheduler, runner, outcome)
     plan = step(scheduler, runner, outcome)  # both decode; the fake runner checks the history
     lengths = np.diff(plan.history_start)
-    row = int(np.flatnonzero(plan.req_slot == penalized.slot)[0])
+    row = int(np.flatnonzero(plan.sampling["repetition_penalty"] != 1.0)[0])
     assert lengths[row] == 10 and lengths.sum() == 10 and plan.history_prompt_len[row] == 9
     assert plan.history_ids.tolist() == penalized.all_token_ids[:10].tolist()  # before this step's token
     drive(scheduler, runner, outcome)
@@ -590,10 +589,12 @@ def test_sampling_parameters_travel_per_request():
     add(scheduler, "a", [1, 2, 3], temperature=0.5, top_p=0.9, top_k=-1, min_p=0.1, presence_penalty=0.5)
     add(scheduler, "b", [4, 5, 6], top_k=20, frequency_penalty=-1.0)
     plan = scheduler.schedule()
-    assert plan.temperature.tolist() == [0.5, 0.0] and plan.top_k.tolist() == [0, 20]
-    assert np.allclose(plan.top_p, [0.9, 1.0]) and np.allclose(plan.min_p, [0.1, 0.0])
-    assert plan.presence_penalty.tolist() == [0.5, 0.0] and plan.frequency_penalty.tolist() == [0.0, -1.0]
-    assert plan.num_logprobs.tolist() == [-1, -1] and plan.output_pos.tolist() == [0, 0]
+    sampling = plan.sampling
+    assert sampling["temperature"].tolist() == [0.5, 0.0] and sampling["top_k"].tolist() == [0, 20]
+    assert np.allclose(sampling["top_p"], [0.9, 1.0]) and np.allclose(sampling["min_p"], [0.1, 0.0])
+    assert sampling["presence_penalty"].tolist() == [0.5, 0.0]
+    assert sampling["frequency_penalty"].tolist() == [0.0, -1.0]
+    assert sampling["num_logprobs"].tolist() == [-1, -1] and plan.output_pos.tolist() == [0, 0]
 
 
 def test_schedule_and_update_must_alternate():
@@ -754,7 +755,7 @@ def test_async_penalized_requests_wait_for_their_token():
     assert outcome.tokens["plain"] == expected(scheduler, plain)
     assert outcome.tokens["pen"] == expected(scheduler, penalized)
     for plan in driver.plans:  # the penalized request never decodes from a placeholder
-        penalized_rows = np.flatnonzero(plan.repetition_penalty != 1.0)
+        penalized_rows = np.flatnonzero(plan.sampling["repetition_penalty"] != 1.0)
         assert (plan.prev_row[penalized_rows] == -1).all()
 
 

@@ -68,7 +68,8 @@ def test_plans_round_trip_as_views_and_slots_cycle(run_id):
 def _read_in_child(name: str, rank: int, step_id: int, slot: int, out) -> None:
     with StepRing.attach(name, rank) as reader:
         plan = reader.read(step_id, slot, timeout_s=10.0)
-        out.put((plan.step_id, plan.input_ids.tolist(), plan.block_table.tolist(), plan.seed.tolist()))
+        out.put((plan.step_id, plan.input_ids.tolist(), plan.block_table.tolist(),
+                 plan.sampling["seed"].tolist()))
         del plan
         reader.consumed(step_id)
 
@@ -85,7 +86,7 @@ def test_reader_in_another_process_attaches_by_name_and_reads_the_plan(run_id):
         got = out.get(timeout=30)
         child.join(timeout=30)
         assert child.exitcode == 0
-        assert got == (41, want.input_ids.tolist(), want.block_table.tolist(), want.seed.tolist())
+        assert got == (41, want.input_ids.tolist(), want.block_table.tolist(), want.sampling["seed"].tolist())
         assert writer.consumed_steps() == [41]
         writer.unlink()
 

@@ -28,7 +28,7 @@ import torch
 from core.execution.attention.backend import AttentionBackend, AttentionMetadata
 from core.execution.host_to_device import pinned
 from core.execution.kv_cache import KVCache
-from core.execution.sampler import SamplingTensors, candidate_count, sampling_kernels
+from core.execution.sampler import DrawSettings, SamplingTensors, candidate_count, sampling_kernels
 from core.plan import StepPlan
 
 # Candidates the sampling graph takes per row: rows with a top_k up to 63 (Qwen3's default is 20).
@@ -55,9 +55,8 @@ class DecodeGraphs:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._keep: list[object] = []  # per graph, the backend's launch_state (split scratch) it writes
-        # The sampling graphs' static settings (temperature, top_p, min_p / top_k, noise keys) and draws.
-        self.floats = torch.zeros(3, max_batch, dtype=torch.float32, device=device)
-        self.ints = torch.zeros(3, max_batch, dtype=torch.int64, device=device)
+        # The sampling graphs' static settings (every graph reads its first `size` rows) and draws.
+        self.draw_settings = DrawSettings.zeros(max_batch, device)
         self._sampling_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._draws: dict[int, torch.Tensor] = {}
         self._last_size = 0
@@ -86,16 +85,15 @@ class DecodeGraphs:
         return model.compute_logits(hidden)  # [size, vocab] float32
 
     def _capture_sampling(self, size: int, pool) -> None:
-        temperature, top_p, min_p = self.floats[:, :size]
-        top_k, keys = self.ints[0, :size], self.ints[1:, :size]
+        settings = self.draw_settings.rows(slice(0, size))
         logits = self._logits[size]
         self.num_candidates = min(GRAPH_CANDIDATES, logits.shape[1])
 
         def draw() -> torch.Tensor:
             tokens = logits.argmax(dim=-1)
             values, ids = logits.topk(self.num_candidates, dim=-1)
-            sampling_kernels.sample_candidates(values, ids, temperature, top_k, top_p, min_p, keys, tokens)
-            sampling_kernels.sample_full_rows(logits, temperature, top_k, top_p, min_p, keys, tokens)
+            sampling_kernels.sample_candidates(values, ids, *settings, tokens)
+            sampling_kernels.sample_full_rows(logits, *settings, tokens)
             return tokens
 
         draw()  # compiles the kernels outside the capture
@@ -116,11 +114,9 @@ class DecodeGraphs:
     def sample(self, st: SamplingTensors) -> torch.Tensor:
         """The tokens [B] (int64) of the step just replayed by `run`, drawn by its sampling graph."""
         num_rows, size = st.num_rows, self._last_size
-        for dst, src in zip(self.floats, (st.temperature, st.top_p, st.min_p)):
-            dst[:num_rows].copy_(src)
-        self.ints[0, :num_rows].copy_(st.top_k)
-        self.ints[1:, :num_rows].copy_(st.keys)
-        self.floats[0, num_rows:size].zero_()  # padding rows: greedy, which the kernels skip
+        for static, setting in zip(self.draw_settings, st.draw_settings):
+            static[..., :num_rows].copy_(setting)
+        self.draw_settings.temperature[num_rows:size].zero_()  # padding rows: greedy, which the kernels skip
         self._sampling_graphs[size].replay()
         return self._draws[size][:num_rows]
 

@@ -268,7 +268,8 @@ def _scatter(values: torch.Tensor, rows: np.ndarray, num_reqs: int) -> np.ndarra
 
 
 def warmup_plan(requests: list[tuple[int, int]], block_size: int, vocab_size: int) -> StepPlan:
-    """A step of (cached, chunk) requests over consecutive pages 0.. of a scratch cache."""
+    """A step of (cached, chunk) requests over consecutive pages 0.. of a scratch cache, every request
+    sampling at SamplingParams' defaults."""
     num_reqs = len(requests)
     cached = np.array([c for c, _ in requests], np.int64)
     chunks = np.array([n for _, n in requests], np.int64)
@@ -283,18 +284,9 @@ def warmup_plan(requests: list[tuple[int, int]], block_size: int, vocab_size: in
     row = np.repeat(np.arange(num_reqs), chunks)
     slots = first_page[row] * block_size + positions
     num_tokens = int(query_start[-1])
-    one = np.ones(num_reqs, dtype=np.float32)
-    zeros = np.zeros(num_reqs, dtype=np.float32)
     return StepPlan(
-        step_id=-1, replica=0,
-        req_slot=np.arange(num_reqs, dtype=np.int32), query_start=query_start,
-        seq_lens=seq_lens.astype(np.int32), block_table=block_table,
-        logits_index=query_start[1:] - 1,
-        temperature=one, top_p=one, top_k=np.zeros(num_reqs, np.int32), min_p=zeros,
-        seed=np.zeros(num_reqs, np.int64), output_pos=np.zeros(num_reqs, np.int32), repetition_penalty=one,
-        presence_penalty=zeros, frequency_penalty=zeros,
-        num_logprobs=np.full(num_reqs, -1, np.int32), history_start=np.zeros(num_reqs + 1, np.int32),
-        history_prompt_len=np.zeros(num_reqs, np.int32), history_ids=np.zeros(0, np.int32),
+        step_id=-1, replica=0, query_start=query_start, seq_lens=seq_lens.astype(np.int32),
+        block_table=block_table, logits_index=query_start[1:] - 1,
         input_ids=(np.arange(num_tokens, dtype=np.int64) * 7919 % vocab_size).astype(np.int32),
         positions=positions.astype(np.int32), slot_mapping=slots.astype(np.int64),
     )

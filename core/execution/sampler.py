@@ -2,8 +2,9 @@
 
 The executor builds `SamplingTensors.from_plan(plan, plan.sampled_rows, device)` once per step and
 calls `Sampler()(logits, st)` with the logits of those rows. The work is batched on the logits'
-device; the host only flattens the plan's arrays, hashes each row's noise keys and sets a few flags
-that let the common cases (all greedy, no penalties, no logprobs) skip whole stages.
+device; the host only gathers the rows' sampling records from the plan, hashes each row's noise keys
+and sets a few flags that let the common cases (all greedy, no penalties, no logprobs) skip whole
+stages.
 
 Per row, in this order:
   1. logprobs of the raw model distribution (log_softmax of the logits as given), as vLLM reports;
@@ -30,6 +31,7 @@ from core.execution import sampling_paths
 from core.execution.host_to_device import to_device
 from core.execution.sampling_noise import noise_keys
 from core.plan import StepPlan
+from core.sampling_params import SAMPLING_DTYPE
 
 try:
     from core.execution import sampling_kernels
@@ -40,20 +42,49 @@ except ImportError:  # an install without triton: the torch paths serve every de
 _FULL_ROW_CHUNK_ELEMS = 1 << 23
 
 
-@dataclass(frozen=True, eq=False)
-class SamplingTensors:
-    """Sampling settings of the N rows that sample this step, on the device, plus host-side flags."""
+# The plan's sampling columns by kind: each kind goes to the device as one block.
+_FLOAT_COLUMNS = tuple(name for name in SAMPLING_DTYPE.names if SAMPLING_DTYPE[name].kind == "f")
+_INT_COLUMNS = tuple(name for name in SAMPLING_DTYPE.names if SAMPLING_DTYPE[name].kind != "f")
+
+
+class DrawSettings(NamedTuple):
+    """What the draw reads per row, in the sampling kernels' argument order."""
 
     temperature: torch.Tensor  # float32 [N]  0 = greedy
+    top_k: torch.Tensor  # int64 [N]  0 = off
     top_p: torch.Tensor  # float32 [N]  1 = off
-    top_k: torch.Tensor  # int64 [N]  0 = off (the plan's -1 is mapped to 0)
     min_p: torch.Tensor  # float32 [N]  0 = off
-    seed: torch.Tensor  # int64 [N]
+    keys: torch.Tensor  # int64 [2, N]  noise keys of each row's draw (core/execution/sampling_noise.py)
+
+    @classmethod
+    def zeros(cls, num_rows: int, device: torch.device) -> DrawSettings:
+        """Settings of `num_rows` greedy rows: the static buffers a sampling graph reads."""
+        floats, ints = (torch.zeros(3, num_rows, dtype=torch.float32, device=device),
+                        torch.zeros(3, num_rows, dtype=torch.int64, device=device))
+        return cls(temperature=floats[0], top_k=ints[0], top_p=floats[1], min_p=floats[2], keys=ints[1:])
+
+    def rows(self, rows: torch.Tensor | slice) -> DrawSettings:
+        """The settings of `rows` only (a slice gives views, an index tensor copies)."""
+        return DrawSettings(*(setting[..., rows] for setting in self))
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingTensors:
+    """Sampling settings of the N rows that sample this step, on the device, plus host-side flags.
+
+    One tensor per column of core/sampling_params.py's SAMPLING_COLUMNS (float columns as float32,
+    integer ones as int64), filled by name in `from_plan`; then what the sampler derives per step."""
+
+    temperature: torch.Tensor  # [N]  0 = greedy
+    top_p: torch.Tensor  # [N]  1 = off
+    top_k: torch.Tensor  # [N]  0 = off (a plan's -1 is mapped to 0)
+    min_p: torch.Tensor  # [N]  0 = off
+    seed: torch.Tensor  # [N]
+    repetition_penalty: torch.Tensor  # [N]
+    presence_penalty: torch.Tensor  # [N]
+    frequency_penalty: torch.Tensor  # [N]
+    num_logprobs: torch.Tensor  # [N]  -1 = none, 0 = sampled token only, K = also the top K
     output_pos: torch.Tensor  # int64 [N]  tokens generated so far: the noise index of this draw
-    repetition_penalty: torch.Tensor  # float32 [N]
-    presence_penalty: torch.Tensor  # float32 [N]
-    frequency_penalty: torch.Tensor  # float32 [N]
-    num_logprobs: torch.Tensor  # int32 [N]  -1 = none, 0 = sampled token only, K = also the top K
     keys: torch.Tensor  # int64 [2, N]  noise keys of each row's draw (core/execution/sampling_noise.py)
     # Penalty history flattened to one entry per (row, token occurrence), only for rows with penalties.
     history_rows: torch.Tensor  # int64 [H]  row in 0..N-1
@@ -70,8 +101,7 @@ class SamplingTensors:
 
     def __post_init__(self) -> None:
         n = self.num_rows
-        for name in ("top_p", "top_k", "min_p", "seed", "output_pos", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty", "num_logprobs"):
+        for name in (*SAMPLING_DTYPE.names, "output_pos"):
             shape = tuple(getattr(self, name).shape)
             if shape != (n,):
                 raise ValueError(f"SamplingTensors.{name} has shape {shape}, expected ({n},)")
@@ -85,34 +115,41 @@ class SamplingTensors:
     def num_rows(self) -> int:
         return self.temperature.shape[0]
 
+    @property
+    def draw_settings(self) -> DrawSettings:
+        return DrawSettings(self.temperature, self.top_k, self.top_p, self.min_p, self.keys)
+
     @classmethod
     def from_plan(cls, plan: StepPlan, rows: np.ndarray, device: torch.device | str) -> SamplingTensors:
         """Settings of the plan's requests `rows` (usually `plan.sampled_rows`), in that order."""
         rows = np.asarray(rows, dtype=np.int64)
         device = torch.device(device)
-        temperature = plan.temperature[rows]
-        top_p, min_p = plan.top_p[rows], plan.min_p[rows]
-        top_k = np.maximum(plan.top_k[rows], 0)
-        repetition = plan.repetition_penalty[rows]
-        presence, frequency = plan.presence_penalty[rows], plan.frequency_penalty[rows]
-        num_logprobs = plan.num_logprobs[rows]
+        settings = np.take(plan.sampling, rows)  # [N] records: one gather for every column
+        np.maximum(settings["top_k"], 0, out=settings["top_k"])
+        output_pos = plan.output_pos[rows]
 
-        has_penalty = (repetition != 1.0) | (presence != 0.0) | (frequency != 0.0)
+        has_penalty = ((settings["repetition_penalty"] != 1.0) | (settings["presence_penalty"] != 0.0)
+                       | (settings["frequency_penalty"] != 0.0))
         history_rows, history_ids, history_is_output = _flatten_history(plan, rows, has_penalty)
         if len(history_ids) and history_ids.min() < 0:
             bad = int(np.flatnonzero(history_ids < 0)[0])
-            slot = int(plan.req_slot[rows[history_rows[bad]]])
-            raise ValueError(f"request in slot {slot} has history token id {int(history_ids[bad])} < 0")
+            raise ValueError(f"step {plan.step_id}: request {int(rows[history_rows[bad]])} has history "
+                             f"token id {int(history_ids[bad])} < 0")
 
+        temperature, top_k = settings["temperature"], settings["top_k"]
+        num_logprobs = settings["num_logprobs"]
         random = temperature != 0.0
 
-        # Two host-to-device copies for the per-row settings (one float32, one int64 block), and one
-        # per non-empty ragged array, each staged through pinned memory: none waits for the GPU queue.
-        floats = to_device(np.stack([temperature, top_p, min_p, repetition, presence, frequency])
-                           .astype(np.float32, copy=False), device)
-        seed, output_pos = plan.seed[rows], plan.output_pos[rows]
-        ints = to_device(np.stack([top_k, seed, output_pos, num_logprobs, *noise_keys(seed, output_pos)])
-                         .astype(np.int64, copy=False), device)
+        # Two host-to-device copies for the per-row settings (the float columns as float32; the integer
+        # columns, output positions and noise keys as int64), and one per non-empty ragged array, each
+        # staged through pinned memory: none waits for the GPU queue.
+        float_rows = np.stack([settings[name] for name in _FLOAT_COLUMNS]).astype(np.float32, copy=False)
+        int_rows = np.stack([*(settings[name] for name in _INT_COLUMNS), output_pos,
+                             *noise_keys(settings["seed"], output_pos)]).astype(np.int64, copy=False)
+        floats, ints = to_device(float_rows, device), to_device(int_rows, device)
+        columns = {name: floats[i] for i, name in enumerate(_FLOAT_COLUMNS)}
+        columns.update((name, ints[i]) for i, name in enumerate(_INT_COLUMNS))
+        num_ints = len(_INT_COLUMNS)
 
         def put(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             if not len(array):
@@ -120,10 +157,7 @@ class SamplingTensors:
             return to_device(array, device, dtype)
 
         return cls(
-            temperature=floats[0], top_p=floats[1], min_p=floats[2], repetition_penalty=floats[3],
-            presence_penalty=floats[4], frequency_penalty=floats[5],
-            top_k=ints[0], seed=ints[1], output_pos=ints[2], num_logprobs=ints[3].to(torch.int32),
-            keys=ints[4:6],
+            **columns, output_pos=ints[num_ints], keys=ints[num_ints + 1 :],
             history_rows=put(history_rows, torch.int64),
             history_ids=put(history_ids, torch.int64),
             history_is_output=put(history_is_output, torch.bool),
@@ -221,7 +255,7 @@ def sample_tokens(logits: torch.Tensor, st: SamplingTensors, use_triton: bool | 
     if st.all_greedy:
         return tokens
     kernels = _triton_runs(logits, use_triton)
-    settings = (st.temperature, st.top_k, st.top_p, st.min_p, st.keys)
+    settings = st.draw_settings
     if st.max_top_k > 0:
         count = candidate_count(st.max_top_k, logits.shape[1])
         if kernels and count <= sampling_kernels.MAX_KERNEL_CANDIDATES:
@@ -230,7 +264,7 @@ def sample_tokens(logits: torch.Tensor, st: SamplingTensors, use_triton: bool | 
         else:
             rows = torch.from_numpy(st.top_k_rows).to(logits.device)
             values, ids = logits[rows].topk(count, dim=-1)
-            tokens[rows] = sampling_paths.sample_candidates(values, ids, *_rows(settings, rows))
+            tokens[rows] = sampling_paths.sample_candidates(values, ids, *settings.rows(rows))
     if len(st.full_rows):
         if kernels:
             sampling_kernels.sample_full_rows(logits, *settings, out=tokens)
@@ -239,19 +273,13 @@ def sample_tokens(logits: torch.Tensor, st: SamplingTensors, use_triton: bool | 
     return tokens
 
 
-def _rows(settings: tuple[torch.Tensor, ...], rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(temperature, top_k, top_p, min_p, keys) of `rows`."""
-    temperature, top_k, top_p, min_p, keys = settings
-    return temperature[rows], top_k[rows], top_p[rows], min_p[rows], keys[:, rows]
-
-
 def _sample_full_rows_in_chunks(logits: torch.Tensor, st: SamplingTensors,
-                                settings: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> None:
+                                settings: DrawSettings, tokens: torch.Tensor) -> None:
     """The torch full-row path, a few rows at a time so its [rows, V] temporaries stay bounded."""
     rows_per_chunk = max(1, _FULL_ROW_CHUNK_ELEMS // logits.shape[1])
     for start in range(0, len(st.full_rows), rows_per_chunk):
         rows = torch.from_numpy(st.full_rows[start : start + rows_per_chunk]).to(logits.device)
-        temperature, _, top_p, min_p, keys = _rows(settings, rows)
+        temperature, _, top_p, min_p, keys = settings.rows(rows)
         tokens[rows] = sampling_paths.sample_full_rows(logits[rows], temperature, top_p, min_p, keys)
 
 

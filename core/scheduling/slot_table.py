@@ -1,9 +1,10 @@
-"""SlotTable: the executor slots of one replica and the StepPlan gathered from them.
+"""SlotTable: the running requests of one replica, one row each, and the StepPlan gathered from them.
 
-A running request's block-table row and sampling parameters are written into per-slot numpy rows
+A running request's block-table row and sampling settings are written into its slot's numpy rows
 once (pages as they are added), so building a step's plan is a fancy index per field plus
-per-token numpy arithmetic: no Python loop per token, no copy per request. The scheduler decides
-who runs; this module only lays the decision out as flat arrays.
+per-token numpy arithmetic: no Python loop per token, no copy per request. The slots are the
+scheduler's own bookkeeping; the executor sees only the gathered rows. The scheduler decides who
+runs; this module only lays the decision out as flat arrays.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.plan import StepPlan
+from core.sampling_params import SAMPLING_DTYPE, sampling_row
 from core.scheduling.request import Request
 
 
@@ -29,36 +31,22 @@ class ScheduledChunk:
 
 
 class SlotTable:
-    """Executor slots and what the plan needs per slot, kept as numpy rows.
+    """Slots of the running requests and what the plan needs per slot, kept as numpy rows.
 
-    A running request's block-table row and sampling parameters are written once (pages as they
+    A running request's block-table row and sampling settings are written once (pages as they
     are added), so a step gathers them with one fancy index instead of a copy per request.
     """
-
-    SAMPLING_DTYPES = {
-        "temperature": np.float32, "top_p": np.float32, "top_k": np.int32, "min_p": np.float32,
-        "seed": np.int64, "repetition_penalty": np.float32, "presence_penalty": np.float32,
-        "frequency_penalty": np.float32, "num_logprobs": np.int32,
-    }
 
     def __init__(self, num_slots: int, max_pages_per_request: int) -> None:
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self.block_table = np.zeros((num_slots, max_pages_per_request), np.int32)  # 0 = padding
-        self.sampling = {name: np.zeros(num_slots, dtype) for name, dtype in self.SAMPLING_DTYPES.items()}
+        self.sampling = np.zeros(num_slots, SAMPLING_DTYPE)  # one record of settings per slot
         self.has_penalties = np.zeros(num_slots, bool)
 
     def assign(self, request: Request) -> None:
         slot = request.slot = self._free.pop()
-        params = request.sampling_params
-        values = {
-            "temperature": params.temperature, "top_p": params.top_p, "top_k": max(params.top_k, 0),
-            "min_p": params.min_p, "seed": request.seed, "repetition_penalty": params.repetition_penalty,
-            "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
-            "num_logprobs": -1 if params.logprobs is None else params.logprobs,
-        }
-        for name, value in values.items():
-            self.sampling[name][slot] = value
-        self.has_penalties[slot] = params.has_penalties
+        self.sampling[slot] = sampling_row(request.sampling_params, request.seed)
+        self.has_penalties[slot] = request.sampling_params.has_penalties
 
     def add_pages(self, request: Request, pages: list[int]) -> None:
         start = len(request.pages)
@@ -103,13 +91,12 @@ class SlotTable:
         slot_mapping = (block_table[token_rows, positions // block_size].astype(np.int64) * block_size
                         + positions % block_size)
         logits_index = np.where(seq_lens == num_tokens, query_start[1:] - 1, -1).astype(np.int32)
-        sampling = {name: values[slots] for name, values in self.sampling.items()}
         history = self._penalty_history(scheduled, slots, num_tokens, prompt_len, logits_index >= 0)
         return StepPlan(
-            step_id=step_id, replica=replica, req_slot=slots, query_start=query_start,
+            step_id=step_id, replica=replica, query_start=query_start,
             seq_lens=seq_lens, block_table=block_table, logits_index=logits_index,
-            output_pos=num_tokens - prompt_len, input_ids=input_ids, positions=positions,
-            slot_mapping=slot_mapping, prev_row=prev_row, **sampling, **history,
+            sampling=np.take(self.sampling, slots), output_pos=num_tokens - prompt_len, input_ids=input_ids,
+            positions=positions, slot_mapping=slot_mapping, prev_row=prev_row, **history,
         )
 
     def _penalty_history(self, scheduled: list[ScheduledChunk], slots: np.ndarray,
