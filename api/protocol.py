@@ -30,24 +30,25 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import orjson
 
 from api.body_fields import BodyFields, describe, is_int, is_token_id, require_noop
 from api.chat_messages import parse_messages, parse_template_kwargs
 from api.errors import ApiError, invalid
 from core.config import GenerationDefaults
-from core.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
+from core.sampling_params import MAX_LOGPROBS, SAMPLING_COLUMNS, SamplingParams, SamplingParamsError
 from ipc.messages import GenerateRequest
 
 MAX_CHOICES = 64
 MAX_REQUESTS_PER_CALL = 1024
 MAX_STOP_STRINGS = 64
 
+# The sampler's settings a body sets under their own names (logprobs has fields of its own).
+_KNOBS = tuple(c for c in SAMPLING_COLUMNS if c.name in SamplingParams.__dataclass_fields__)
 _COMMON_FIELDS = frozenset({
-    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "stop",
-    "stop_token_ids", "ignore_eos", "logprobs", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "min_tokens", "user", "stream", "stream_options", "skip_special_tokens",
-    "logit_bias",
+    "model", "max_tokens", "n", "stop", "stop_token_ids", "ignore_eos", "logprobs", "min_tokens", "user",
+    "stream", "stream_options", "skip_special_tokens", "logit_bias", *(c.name for c in _KNOBS),
 })
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = _COMMON_FIELDS | {
@@ -287,14 +288,7 @@ def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | N
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=fields.float("temperature", defaults.temperature),
-            top_p=fields.float("top_p", defaults.top_p),
-            top_k=fields.int("top_k", None, None, default=defaults.top_k),  # type: ignore[arg-type]
-            min_p=fields.float("min_p", defaults.min_p),
-            seed=fields.int("seed", None, None),
-            repetition_penalty=fields.float("repetition_penalty", defaults.repetition_penalty),
-            presence_penalty=fields.float("presence_penalty", 0.0),
-            frequency_penalty=fields.float("frequency_penalty", 0.0),
+            **{c.name: _knob(fields, c.name, c.dtype, defaults) for c in _KNOBS},
             stop=_parse_stop(fields),
             stop_token_ids=_parse_stop_token_ids(fields),
             ignore_eos=fields.bool("ignore_eos", False),
@@ -305,6 +299,15 @@ def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | N
         param = {"max_tokens": max_field, "logprobs": logprobs_field}.get(e.field, e.field)
         message = str(e).removeprefix(f"{e.field}: ")
         raise invalid(param, f"'{param}' {message}") from None
+
+
+def _knob(fields: BodyFields, name: str, dtype: type, defaults: GenerationDefaults) -> float | int | None:
+    """One sampler setting: the body's value, else the checkpoint's generation default where it has
+    one, else SamplingParams' own."""
+    default = getattr(defaults, name, SamplingParams.__dataclass_fields__[name].default)
+    if np.dtype(dtype).kind == "f":
+        return fields.float(name, default)
+    return fields.int(name, None, None, default=default)  # type: ignore[arg-type]
 
 
 def _choice_params(params: SamplingParams, choice: int) -> SamplingParams:
