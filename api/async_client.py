@@ -35,8 +35,8 @@ from core.sampling_params import SamplingParams
 from ipc.codec import CodecError, decode, encode
 from ipc.messages import (
     AbortRequest,
-    GenerateOutput,
     GenerateRequest,
+    OutputDelta,
     RequestFailed,
     ServerInfo,
     ServerInfoQuery,
@@ -52,7 +52,7 @@ _MAX_DRAIN = 256  # messages handled per wake-up before the event loop gets a tu
 class RequestGroup:
     """Requests sent together (the n choices of one API call) whose outputs share one queue.
 
-    `next()` returns the group's next GenerateOutput or RequestFailed; `async for` yields them
+    `next()` returns the group's next OutputDelta or RequestFailed; `async for` yields them
     until every request has finished. Leaving `async with` (or `close()`) aborts what is unfinished
     and forgets it: a caller that goes away never leaves a request running.
     """
@@ -61,7 +61,7 @@ class RequestGroup:
         self._client = client
         self.request_ids = tuple(request_ids)
         self.unfinished = set(self.request_ids)
-        self._queue: asyncio.Queue[GenerateOutput | RequestFailed | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[OutputDelta | RequestFailed | None] = asyncio.Queue()
         self._closed = False
 
     async def __aenter__(self) -> RequestGroup:
@@ -70,7 +70,7 @@ class RequestGroup:
     async def __aexit__(self, *exc: object) -> None:
         self.close()
 
-    def __aiter__(self) -> AsyncIterator[GenerateOutput | RequestFailed]:
+    def __aiter__(self) -> AsyncIterator[OutputDelta | RequestFailed]:
         return self._iterate()
 
     @property
@@ -78,11 +78,11 @@ class RequestGroup:
         """Some request is unfinished, or some output is not yet taken."""
         return bool(self.unfinished) or not self._queue.empty()
 
-    async def _iterate(self) -> AsyncIterator[GenerateOutput | RequestFailed]:
+    async def _iterate(self) -> AsyncIterator[OutputDelta | RequestFailed]:
         while self.pending:
             yield await self.next()
 
-    async def next(self, timeout_s: float | None = None) -> GenerateOutput | RequestFailed:
+    async def next(self, timeout_s: float | None = None) -> OutputDelta | RequestFailed:
         timeout = self._client.timeout_s if timeout_s is None else timeout_s
         try:
             # An output already queued needs no timer: the common case while a request streams.
@@ -110,7 +110,7 @@ class RequestGroup:
             self._client._groups.pop(rid, None)
         self.unfinished.clear()
 
-    def _deliver(self, message: GenerateOutput | RequestFailed | None) -> None:
+    def _deliver(self, message: OutputDelta | RequestFailed | None) -> None:
         if message is not None and (isinstance(message, RequestFailed) or message.finished):
             self.unfinished.discard(message.request_id)
         self._queue.put_nowait(message)
@@ -238,7 +238,7 @@ class AsyncClient:
         return [results[r.request_id] for r in requests]
 
     async def stream(self, prompt: Prompt | GenerateRequest, params: SamplingParams | None = None,
-                     *, timeout_s: float | None = None, **options: bool) -> AsyncIterator[GenerateOutput]:
+                     *, timeout_s: float | None = None, **options: bool) -> AsyncIterator[OutputDelta]:
         """One request's outputs as they come; raises RequestRefused. Leaving early aborts it."""
         (request,) = requests_for(self._ids, [prompt], params, stream=True, **options)
         request = replace(request, stream=True)
@@ -324,7 +324,7 @@ class AsyncClient:
             if self._info is not None and not self._info.done():
                 self._info.set_result(message)
             return
-        if not isinstance(message, GenerateOutput | RequestFailed):
+        if not isinstance(message, OutputDelta | RequestFailed):
             log.warning("%s: unexpected %s from %s", self.name, type(message).__name__, self.address)
             return
         group = self._groups.get(message.request_id)

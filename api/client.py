@@ -44,8 +44,8 @@ from ipc.channels import ChannelTimeout, DealerChannel
 from ipc.codec import CodecError
 from ipc.messages import (
     AbortRequest,
-    GenerateOutput,
     GenerateRequest,
+    OutputDelta,
     RequestFailed,
     ServerInfo,
     ServerInfoQuery,
@@ -69,7 +69,7 @@ class Client:
                                               identity=identity, send_timeout_s=SEND_TIMEOUT_S)
         self._ids = RequestIds("r")
         self._builders: dict[str, GenerationBuilder] = {}  # unfinished, collected whole
-        self._streams: dict[str, deque[GenerateOutput | RequestFailed]] = {}  # unfinished, streamed
+        self._streams: dict[str, deque[OutputDelta | RequestFailed]] = {}  # unfinished, streamed
         self._done: dict[str, Generation] = {}  # finished, not yet handed out
         self._infos: deque[ServerInfo] = deque()
 
@@ -144,7 +144,7 @@ class Client:
         return [results[rid] for rid in ids]
 
     def stream(self, prompt: Prompt | GenerateRequest, params: SamplingParams | None = None,
-               *, timeout_s: float | None = None, **options: bool) -> Iterator[GenerateOutput]:
+               *, timeout_s: float | None = None, **options: bool) -> Iterator[OutputDelta]:
         """One request's outputs as they come; raises RequestRefused if it is refused. Leaving the
         loop early aborts the request."""
         (request,) = requests_for(self._ids, [prompt], params, stream=True, **options)
@@ -214,7 +214,7 @@ class Client:
         if isinstance(message, ServerInfo):
             self._infos.append(message)
             return
-        if not isinstance(message, GenerateOutput | RequestFailed):
+        if not isinstance(message, OutputDelta | RequestFailed):
             log.warning("unexpected %s from the tokenizer at %s", type(message).__name__, self.address)
             return
         rid = message.request_id

@@ -1,6 +1,6 @@
 """What the native clients hand their users: one request's whole result, and how prompts become requests.
 
-`Generation` is the finished result of one GenerateRequest, merged from its GenerateOutputs by a
+`Generation` is the finished result of one GenerateRequest, merged from its OutputDeltas by a
 `GenerationBuilder` (or a refusal, when the tokenizer sent RequestFailed instead). `make_request`
 turns what a batch job has (a string, token ids or a chat) into a GenerateRequest. Used by
 api/client.py (Client, AsyncClient); the REST server builds its own requests in api/protocol.py.
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core.sampling_params import SamplingParams
-from ipc.messages import ChatTurn, GenerateOutput, GenerateRequest, RequestFailed, TopLogprob
+from ipc.messages import ChatTurn, GenerateRequest, OutputDelta, RequestFailed, TopLogprob
 
 Prompt = str | Sequence[int] | Sequence[ChatTurn]
 
@@ -46,7 +46,7 @@ class Generation:
 
 
 class GenerationBuilder:
-    """Merges one request's GenerateOutputs, in order, into a Generation."""
+    """Merges one request's OutputDeltas, in order, into a Generation."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -56,14 +56,14 @@ class GenerationBuilder:
         self._logprobs: list[float] = []
         self._top: list[list[TopLogprob]] = []
         self._has_logprobs = False
-        self._last: GenerateOutput | None = None
+        self._last: OutputDelta | None = None
         self._prompt_token_ids: list[int] | None = None
 
     @property
     def finished(self) -> bool:
         return self._last is not None and self._last.finished
 
-    def add(self, output: GenerateOutput) -> None:
+    def add(self, output: OutputDelta) -> None:
         if output.request_id != self.request_id:
             raise ValueError(
                 f"output of request {output.request_id!r} given to the builder of {self.request_id!r}"

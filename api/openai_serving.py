@@ -32,10 +32,10 @@ from api.errors import SERVER_ERROR, TIMEOUT, UNAVAILABLE, ApiError, error_objec
 from api.metrics import ApiMetrics, RequestTiming
 from api.protocol import ParsedRequest
 from api.reasoning import ReasoningSplitter
-from ipc.messages import GenerateOutput, RequestFailed
+from ipc.messages import OutputDelta, RequestFailed
 
 
-class Choice:
+class ChoiceState:
     """One choice of a call: what it has produced so far."""
 
     def __init__(self, index: int, timing: RequestTiming, split_reasoning: bool):
@@ -55,7 +55,7 @@ class Choice:
         self.stop_reason: str | int | None = None
         self.error: str | None = None
 
-    def update(self, output: GenerateOutput, now_s: float) -> None:
+    def update(self, output: OutputDelta, now_s: float) -> None:
         self.num_prompt_tokens = output.num_prompt_tokens
         self.num_output_tokens = output.num_output_tokens
         self.num_cached_tokens = output.num_cached_tokens
@@ -82,13 +82,13 @@ class _Call:
         self.created = int(time.time())
         self._client = client
         self._group: RequestGroup | None = None
-        self._peeked: deque[GenerateOutput] = deque()
+        self._peeked: deque[OutputDelta] = deque()
         is_chat = parsed.endpoint == "chat"
-        self._choices = {r.request_id: Choice(i, RequestTiming(metrics, start_s), is_chat)
+        self._choices = {r.request_id: ChoiceState(i, RequestTiming(metrics, start_s), is_chat)
                          for i, r in enumerate(parsed.requests)}
 
     @property
-    def choices(self) -> list[Choice]:
+    def choices(self) -> list[ChoiceState]:
         return sorted(self._choices.values(), key=lambda c: c.index)
 
     async def start(self) -> None:
@@ -152,7 +152,7 @@ class _Call:
     def _pending(self) -> bool:
         return bool(self._peeked) or (self._group is not None and self._group.pending)
 
-    async def _next(self) -> GenerateOutput:
+    async def _next(self) -> OutputDelta:
         """The next output of any choice; a refusal raises ApiError."""
         assert self._group is not None
         while True:
@@ -164,7 +164,7 @@ class _Call:
                 raise ApiError(504, str(e), None, TIMEOUT) from None
             except ClientError as e:
                 raise ApiError(503, str(e), None, UNAVAILABLE) from None
-            if isinstance(message, GenerateOutput):
+            if isinstance(message, OutputDelta):
                 return message
             self._choices[message.request_id].finished = True  # refused: it never ran, no finish counted
             raise self._refusal_error(message)
@@ -189,10 +189,10 @@ class _Call:
     def _opening_chunks(self) -> list[dict[str, Any]]:
         return []
 
-    def _chunks(self, choice: Choice, output: GenerateOutput) -> list[dict[str, Any]]:
+    def _chunks(self, choice: ChoiceState, output: OutputDelta) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    def _accumulate(self, choice: Choice, output: GenerateOutput) -> None:
+    def _accumulate(self, choice: ChoiceState, output: OutputDelta) -> None:
         raise NotImplementedError
 
     def _response(self) -> dict[str, Any]:
@@ -202,7 +202,7 @@ class _Call:
 class CompletionCall(_Call):
     """POST /v1/completions."""
 
-    def _logprobs(self, choice: Choice, output: GenerateOutput) -> dict[str, Any] | None:
+    def _logprobs(self, choice: ChoiceState, output: OutputDelta) -> dict[str, Any] | None:
         if output.logprobs is None:
             return None
         part = responses.completion_logprobs(output.tokens or [], output.logprobs,
@@ -211,7 +211,7 @@ class CompletionCall(_Call):
         choice.text_offset += sum(len(t) for t in output.tokens or [])
         return part
 
-    def _accumulate(self, choice: Choice, output: GenerateOutput) -> None:
+    def _accumulate(self, choice: ChoiceState, output: OutputDelta) -> None:
         choice.text.append(output.text)
         part = self._logprobs(choice, output)
         if part is not None:
@@ -230,7 +230,7 @@ class CompletionCall(_Call):
         return responses.completion_chunk(self.call_id, self.created, self.parsed.model, choices,
                                           self.parsed.include_usage, usage)
 
-    def _chunks(self, choice: Choice, output: GenerateOutput) -> list[dict[str, Any]]:
+    def _chunks(self, choice: ChoiceState, output: OutputDelta) -> list[dict[str, Any]]:
         logprobs = self._logprobs(choice, output)
         if not (output.text or output.token_ids or output.finished):
             return []
@@ -241,7 +241,7 @@ class CompletionCall(_Call):
 class ChatCall(_Call):
     """POST /v1/chat/completions; replies split into reasoning_content and content."""
 
-    def _split(self, choice: Choice, output: GenerateOutput) -> tuple[str, str]:
+    def _split(self, choice: ChoiceState, output: OutputDelta) -> tuple[str, str]:
         assert choice.splitter is not None
         reasoning, content = choice.splitter.feed(output.text)
         if output.finished:
@@ -249,13 +249,13 @@ class ChatCall(_Call):
             reasoning, content = reasoning + tail.reasoning, content + tail.content
         return reasoning, content
 
-    def _logprobs(self, output: GenerateOutput) -> dict[str, Any] | None:
+    def _logprobs(self, output: OutputDelta) -> dict[str, Any] | None:
         if output.logprobs is None:
             return None
         return responses.chat_logprobs(output.tokens or [], output.logprobs,
                                        output.top_logprobs or [[] for _ in output.logprobs])
 
-    def _accumulate(self, choice: Choice, output: GenerateOutput) -> None:
+    def _accumulate(self, choice: ChoiceState, output: OutputDelta) -> None:
         reasoning, content = self._split(choice, output)
         choice.reasoning.append(reasoning)
         choice.content.append(content)
@@ -282,7 +282,7 @@ class ChatCall(_Call):
         return [self._chunk([responses.chat_delta_choice(c.index, {"role": "assistant", "content": ""})])
                 for c in self.choices]
 
-    def _chunks(self, choice: Choice, output: GenerateOutput) -> list[dict[str, Any]]:
+    def _chunks(self, choice: ChoiceState, output: OutputDelta) -> list[dict[str, Any]]:
         reasoning, content = self._split(choice, output)
         delta: dict[str, Any] = {}
         if reasoning:

@@ -2,7 +2,7 @@
 
 The response half of the wire format whose request half is api/protocol.py: completion and
 chat.completion objects, their streamed chunks and SSE framing, usage, and logprobs in each
-endpoint's shape. api/openai_serving.py fills them from GenerateOutputs.
+endpoint's shape. api/openai_serving.py fills them from OutputDeltas.
 
 Shapes (OpenAI's, plus vLLM's `stop_reason` and `reasoning_content`):
 * completion choice: {index, text, logprobs, finish_reason, stop_reason}; its logprobs are

@@ -39,7 +39,7 @@ def decode_plan(step_id: int, batch: int, pages_per_request: int, block_size: in
         block_table=np.arange(batch * pages_per_request, dtype=np.int32).reshape(batch, -1),
         logits_index=np.arange(batch, dtype=np.int32), sampling=sampling_rows(batch, seed=np.arange(batch)),
         output_pos=np.full(batch, 7, np.int32), input_ids=np.arange(batch, dtype=np.int32) + step_id,
-        positions=seq_lens - 1, slot_mapping=np.arange(batch, dtype=np.int64),
+        positions=seq_lens - 1, kv_index=np.arange(batch, dtype=np.int64),
     )
 
 

@@ -98,7 +98,7 @@ def build_step(requests: list[tuple[int, int]], seed: int = 0) -> Step:
     meta = AttentionMetadata(
         query_start=torch.from_numpy(query_start).to(DEVICE), seq_lens=torch.from_numpy(seq_lens).to(DEVICE),
         block_table=torch.from_numpy(block_table).to(DEVICE),
-        slot_mapping=torch.from_numpy(np.concatenate(slots)).to(DEVICE),
+        kv_index=torch.from_numpy(np.concatenate(slots)).to(DEVICE),
         query_start_cpu=query_start, seq_lens_cpu=seq_lens,
         max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()),
     )
@@ -142,7 +142,7 @@ def relative_error(step: Step, out: torch.Tensor) -> float:
 
 def attention_row(kernel: str, case: str, step: Step, backend: TritonAttention) -> Row:
     # The step's K/V go into the pages once; the timed calls only attend.
-    write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, step.meta.slot_mapping)
+    write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, step.meta.kv_index)
     error = relative_error(step, backend.attend(step.q, step.k_cache, step.v_cache, step.meta, SCALE))
     attend = lambda: backend.attend(step.q, step.k_cache, step.v_cache, step.meta, SCALE)  # noqa: E731
     reference = ReferenceAttention()
@@ -162,7 +162,7 @@ def attention_row(kernel: str, case: str, step: Step, backend: TritonAttention) 
 def kv_write_rows(num_tokens: int) -> list[Row]:
     step = build_step([(0, num_tokens)])
     mbytes = 2 * 2 * step.k.numel() * step.k.element_size() / 1e6  # K and V, read and written
-    slots = step.meta.slot_mapping
+    slots = step.meta.kv_index
     ours = lambda: write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, slots)  # noqa: E731
     torch_copy = lambda: write_kv(step.k, step.v, step.k_cache, step.v_cache, slots)  # noqa: E731
     case = f"{num_tokens} tokens"
@@ -172,7 +172,7 @@ def kv_write_rows(num_tokens: int) -> list[Row]:
 
 def sweep_decode(batch: int) -> list[dict]:
     step = build_step([(CONTEXT - 1, 1)] * batch, seed=batch)
-    write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, step.meta.slot_mapping)
+    write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, step.meta.kv_index)
     out, meta = torch.empty_like(step.q), step.meta
     mbytes = attention_bytes(step) / 1e6
     results = []
@@ -207,7 +207,7 @@ def sweep_decode(batch: int) -> list[dict]:
 
 def sweep_extend(case: str, requests: list[tuple[int, int]]) -> list[dict]:
     step = build_step(requests)
-    write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, step.meta.slot_mapping)
+    write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, step.meta.kv_index)
     out, meta = torch.empty_like(step.q), step.meta
     flops = causal_flops(step)
     results = []

@@ -78,7 +78,7 @@ def plan_for(
         sampling=sampling_rows(batch, temperature=0.0),
         input_ids=np.tile(np.asarray(tokens, np.int32), batch),
         positions=np.tile(pos, batch).astype(np.int32),
-        slot_mapping=slots.astype(np.int64),
+        kv_index=slots.astype(np.int64),
     )
 
 

@@ -63,7 +63,7 @@ def decode_plan(batch: int, context: int, block_size: int, pages_per_req: int, r
         step_id=0, replica=0, query_start=np.arange(batch + 1, dtype=np.int32),
         seq_lens=np.full(batch, context, np.int32), block_table=pages,
         logits_index=np.arange(batch, dtype=np.int32), sampling=sampling_rows(batch, temperature=0.0),
-        input_ids=rng.integers(0, 150_000, batch).astype(np.int32), positions=pos, slot_mapping=slots,
+        input_ids=rng.integers(0, 150_000, batch).astype(np.int32), positions=pos, kv_index=slots,
     )
 
 
@@ -73,7 +73,7 @@ def prefill_plan(length: int, block_size: int, rng) -> StepPlan:
     slots = plan.block_table[0, pos // block_size].astype(np.int64) * block_size + pos % block_size
     return dataclasses.replace(
         plan, query_start=np.array([0, length], np.int32), logits_index=np.array([length - 1], np.int32),
-        input_ids=rng.integers(0, 150_000, length).astype(np.int32), positions=pos, slot_mapping=slots)
+        input_ids=rng.integers(0, 150_000, length).astype(np.int32), positions=pos, kv_index=slots)
 
 
 def cuda_ms(fn, repeats: int) -> float:

@@ -18,7 +18,7 @@ import numpy as np
 
 from core.sampling_params import SamplingParams
 from ipc.channels import DealerChannel
-from ipc.messages import GenerateOutput, GenerateRequest, RequestFailed, ServerInfo, ServerInfoQuery
+from ipc.messages import GenerateRequest, OutputDelta, RequestFailed, ServerInfo, ServerInfoQuery
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
 from procs.launcher import Launcher
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> dict:
             now = time.perf_counter()
             if isinstance(msg, RequestFailed):
                 errors.append(msg.message)
-            elif isinstance(msg, GenerateOutput):
+            elif isinstance(msg, OutputDelta):
                 first_s.setdefault(msg.request_id, now)
                 num_tokens[msg.request_id] = msg.num_output_tokens
                 if msg.finished:

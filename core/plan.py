@@ -53,7 +53,7 @@ class StepPlan:
     # --- per token (T) --------------------------------------------------------------------------
     input_ids: np.ndarray = column(np.int32, "T")
     positions: np.ndarray = column(np.int32, "T")  # absolute position in the sequence
-    slot_mapping: np.ndarray = column(np.int64, "T")  # page * block_size + offset where the token's K/V goes
+    kv_index: np.ndarray = column(np.int64, "T")  # page * block_size + offset where the token's K/V goes
     # --- per request, async scheduling ----------------------------------------------------------------
     # >= 0 where a request's one input token is the token sampled at that row of the replica's
     # previous step, not yet known to the scheduler (input_ids holds 0 there); -1 elsewhere.

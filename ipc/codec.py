@@ -22,7 +22,7 @@ One bad item never takes the others down. A CodecError carries `names`: the iden
 fail exactly the request or step it names. A list field declared with `items_fail_alone(into, by)`
 keeps its good items when some fail: each bad one is left out and described by an `InvalidItem`
 (its index, the item's own `by` field when readable, the error) in the field `into`, and the
-message decodes. StepOutputs uses it, so one malformed output fails one stream, not all of them.
+message decodes. TokenDeltas uses it, so one malformed output fails one stream, not all of them.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Three conversations, each one-way in its types:
 
 * clients (the api process, `api.client`) <-> tokenizer, over the tokenizer's ROUTER:
-  GenerateRequest, AbortRequest and ServerInfoQuery in; GenerateOutput, RequestFailed and
+  GenerateRequest, AbortRequest and ServerInfoQuery in; OutputDelta, RequestFailed and
   ServerInfo out. Request ids are the client's own; the tokenizer keeps them apart per client.
-* tokenizer <-> scheduler: TokenizedRequest and AbortRequest in; StepOutputs, Rejected and
+* tokenizer <-> scheduler: TokenizedRequest and AbortRequest in; TokenDeltas, Rejected and
   SchedulerStatus out. The launcher also sends ReplicaDown and Shutdown to the scheduler.
 * scheduler <-> executors: StepReady, Ping and Stop on a replica's doorbell (the plan itself is in
   the shared-memory ring, or in a frame after StepReady when it does not fit a slot); StepDone and
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from core.config import EngineConfig
 from core.sampling_params import SamplingParams
-from core.scheduling.request import RequestOutput
+from core.scheduling.request import TokenDelta
 from core.scheduling.scheduler_stats import SchedulerStats
 from ipc.codec import InvalidItem, items_fail_alone, message
 
@@ -49,7 +49,7 @@ class GenerateRequest:
     messages: list[ChatTurn] | None = None
     enable_thinking: bool = True  # chat only: Qwen3's thinking switch
     add_generation_prompt: bool = True  # chat only
-    stream: bool = True  # one GenerateOutput per step; False: one at the end with everything
+    stream: bool = True  # one OutputDelta per step; False: one at the end with everything
     detokenize: bool = True  # False: token ids only (batch jobs that decode themselves)
     skip_special_tokens: bool = True
 
@@ -83,8 +83,10 @@ class TopLogprob:
 
 @message
 @dataclass(frozen=True)
-class GenerateOutput:
-    """What a request produced since its last output; `finished` marks its last one."""
+class OutputDelta:
+    """What a request produced since its last OutputDelta, as its client sees it (text, token ids,
+    logprobs); `finished` marks its last one. Clients merge them: api.generation.GenerationBuilder
+    into a Generation, the REST server per choice (api/openai_serving.py ChoiceState)."""
 
     request_id: str
     text: str  # new text (stop strings cut, held-back partial matches not yet included)
@@ -187,12 +189,12 @@ class TokenizedRequest:
 
 @message
 @dataclass(frozen=True)
-class StepOutputs:
-    """Everything a scheduler loop iteration produced for the tokenizer to stream. An output that
+class TokenDeltas:
+    """The TokenDeltas of one scheduler loop turn, for the tokenizer to stream. An output that
     does not decode is left out of `outputs` and listed in `invalid_outputs` (with its request id
     where readable), so it fails its own stream and no other."""
 
-    outputs: list[RequestOutput] = field(metadata=items_fail_alone("invalid_outputs", "request_id"))
+    outputs: list[TokenDelta] = field(metadata=items_fail_alone("invalid_outputs", "request_id"))
     invalid_outputs: list[InvalidItem] = field(default_factory=list)
 
 

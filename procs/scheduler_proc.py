@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 
 from core.plan import StepPlan
 from core.scheduling.dp_router import DPRouter
-from core.scheduling.request import Request, RequestOutput
+from core.scheduling.request import Request, TokenDelta
 from core.scheduling.scheduler import RequestRejectedError, SchedulerError
 from ipc.channels import BadFrame, PullChannel, PushChannel, wait_readable
 from ipc.codec import decode
@@ -39,9 +39,9 @@ from ipc.messages import (
     SchedulerStatus,
     Shutdown,
     StepDone,
-    StepOutputs,
     StepReady,
     Stop,
+    TokenDeltas,
     TokenizedRequest,
 )
 from ipc.plan_layout import pack_plan, packed_plan_nbytes
@@ -96,7 +96,7 @@ class SchedulerProcess:
         self.router = DPRouter(len(self.replicas))
         self.trace = StepTrace(log)
         self.problems = ProblemLog(log)
-        self._pending: list[RequestOutput] = []  # outputs to emit this iteration
+        self._pending: list[TokenDelta] = []  # outputs to emit this iteration
         self._rejected: list[Rejected] = []
         self._stopping = False
         self._last_status_s = 0.0
@@ -216,7 +216,7 @@ class SchedulerProcess:
             for out in self._pending:
                 if out.finished:
                     self.router.release(out.request_id)
-            self.outputs.send(StepOutputs(self._pending))
+            self.outputs.send(TokenDeltas(self._pending))
             self._pending = []
 
     def watch(self) -> None:
@@ -322,7 +322,7 @@ class SchedulerProcess:
         for request in orphans:
             self.router.release(request.request_id)
             if not self._place(request, new=False):
-                self._pending.append(RequestOutput(request.request_id, [], True, "abort",
+                self._pending.append(TokenDelta(request.request_id, [], True, "abort",
                                                    error=self._no_replica_message()))
         live = sum(r.alive for r in self.replicas)
         self.log.info("%d request(s) of replica %d %s", len(orphans), index,

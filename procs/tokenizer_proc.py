@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from core.scheduling.request import RequestOutput
+from core.scheduling.request import TokenDelta
 from core.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer, load_tokenizer
 from ipc.channels import (
     BadFrame,
@@ -38,15 +38,15 @@ from ipc.codec import decode
 from ipc.messages import (
     AbortRequest,
     ContextOverflow,
-    GenerateOutput,
     GenerateRequest,
+    OutputDelta,
     Ready,
     Rejected,
     RequestFailed,
     SchedulerStatus,
     ServerInfo,
     ServerInfoQuery,
-    StepOutputs,
+    TokenDeltas,
     TokenizedRequest,
     TokenizerSpec,
     TopLogprob,
@@ -103,7 +103,7 @@ class TokenizerProcess:
                                            send_timeout_s=_CLIENT_SEND_TIMEOUT_S)
         self.to_scheduler = PushChannel.connect(spec.to_scheduler, name="requests to the scheduler")
         self.from_scheduler = PullChannel.bind(spec.from_scheduler, name="scheduler outputs",
-                                               types=(StepOutputs, Rejected, SchedulerStatus))
+                                               types=(TokenDeltas, Rejected, SchedulerStatus))
         self.streams: dict[str, Stream] = {}  # by internal id
         self.status: SchedulerStatus | None = None
         self.status_s = time.monotonic()
@@ -247,7 +247,7 @@ class TokenizerProcess:
             if msg is None:
                 self.problems.flush()
                 return
-            if isinstance(msg, StepOutputs):
+            if isinstance(msg, TokenDeltas):
                 for out in msg.outputs:
                     try:
                         self.emit(out)
@@ -266,7 +266,7 @@ class TokenizerProcess:
             else:
                 self.status, self.status_s = msg, time.monotonic()
 
-    def emit(self, out: RequestOutput) -> None:
+    def emit(self, out: TokenDelta) -> None:
         stream = self.streams.get(out.request_id)
         if stream is None:
             return  # ended here already (a stop string), the scheduler's abort echo follows
@@ -314,7 +314,7 @@ class TokenizerProcess:
             new_ids, logprobs = out.new_token_ids, out.logprobs
         prompt_ids, stream.prompt_token_ids = stream.prompt_token_ids, None
         queue_time_s, stream.queue_time_s = stream.queue_time_s, None
-        self._send(stream.identity, GenerateOutput(
+        self._send(stream.identity, OutputDelta(
             request.request_id, text, list(new_ids), stream.num_prompt_tokens, stream.num_output_tokens,
             out.num_cached_tokens, finished, finish_reason, stop_reason, out.error, tokens,
             None if logprobs is None else list(logprobs), top, prompt_ids, queue_time_s,
@@ -326,7 +326,7 @@ class TokenizerProcess:
         if stream is None:
             return
         self.to_scheduler.send(AbortRequest(request_id))
-        self._send(stream.identity, GenerateOutput(
+        self._send(stream.identity, OutputDelta(
             stream.request.request_id, "", [], stream.num_prompt_tokens, stream.num_output_tokens,
             finished=True, finish_reason="abort", error=error))
 

@@ -1,7 +1,7 @@
 """FakeTokenizer: a thread that plays the tokenizer process's ROUTER, for the api tests.
 
 It speaks the clients' side of ipc/messages.py exactly as the real tokenizer does: it answers a
-GenerateRequest with GenerateOutputs (one per step when `stream`, else one at the end; the first
+GenerateRequest with OutputDeltas (one per step when `stream`, else one at the end; the first
 carries prompt_token_ids), ends an aborted request with finish_reason "abort", fits max_tokens to the
 context and refuses what does not fit as the real one does (procs/prompt_checks.py), and answers
 ServerInfoQuery. What it generates is
@@ -34,8 +34,8 @@ from core.tokenizer.chat_template import render_chatml
 from ipc.channels import ChannelError, RouterChannel
 from ipc.messages import (
     AbortRequest,
-    GenerateOutput,
     GenerateRequest,
+    OutputDelta,
     ReplicaInfo,
     RequestFailed,
     ServerInfo,
@@ -252,7 +252,7 @@ class FakeTokenizer:
                stop_reason: str | int | None = None, error: str | None = None) -> bool:
         request = gen.request
         lp = gen.pending_lp if request.params.logprobs is not None else None
-        output = GenerateOutput(
+        output = OutputDelta(
             request_id=request.request_id,
             text="".join(gen.pending_text) if request.detokenize else "",
             token_ids=list(gen.pending_ids),

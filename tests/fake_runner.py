@@ -81,7 +81,7 @@ class FakeRunner:
             assert plan.step_id == self.last_step_id + 1, "placeholders must refer to the step just before"
             input_ids[plan.query_start[rows]] = self.last_sampled[plan.prev_row[rows]]
         # Like attention kernels: every new token's KV is written before anything is read.
-        self.kv[plan.slot_mapping] = kv_value(input_ids, plan.positions)
+        self.kv[plan.kv_index] = kv_value(input_ids, plan.positions)
         sampled = np.zeros(plan.num_reqs, np.int32)
         for row in plan.sampled_rows.tolist():
             positions = np.arange(plan.seq_lens[row])
@@ -112,7 +112,7 @@ def check_plan(plan: StepPlan, block_size: int, num_pages: int) -> None:
     for name in ("seq_lens", "logits_index", "sampling", "output_pos", "history_prompt_len", "prev_row"):
         assert getattr(plan, name).shape == (b,), f"{name} has shape {getattr(plan, name).shape}, B = {b}"
     assert plan.sampling.dtype == SAMPLING_DTYPE, f"sampling has dtype {plan.sampling.dtype}"
-    assert len(plan.positions) == len(plan.slot_mapping) == t
+    assert len(plan.positions) == len(plan.kv_index) == t
     qs = plan.query_start
     assert qs.shape == (b + 1,) and qs[0] == 0 and qs[-1] == t, f"query_start {qs} does not cover {t} tokens"
     num_new = np.diff(qs)
@@ -133,13 +133,13 @@ def check_plan(plan: StepPlan, block_size: int, num_pages: int) -> None:
         row_pages = plan.block_table[row, : num_pages_of[row]]
         assert len(np.unique(row_pages)) == len(row_pages), f"row {row} names a page twice"
     pages = plan.block_table[rows, plan.positions // block_size].astype(np.int64)
-    assert (plan.slot_mapping == pages * block_size + plan.positions % block_size).all(), (
-        f"step {plan.step_id}: slot_mapping does not point into the request's own pages")
-    assert len(np.unique(plan.slot_mapping)) == t, f"step {plan.step_id}: two tokens write one KV slot"
+    assert (plan.kv_index == pages * block_size + plan.positions % block_size).all(), (
+        f"step {plan.step_id}: kv_index does not point into the request's own pages")
+    assert len(np.unique(plan.kv_index)) == t, f"step {plan.step_id}: two tokens write one KV slot"
     # A page written this step belongs to one request: a page shared through the cache is read-only.
     page_ids, counts = np.unique(used, return_counts=True)
     shared = page_ids[counts > 1]
-    written = np.unique(plan.slot_mapping // block_size)
+    written = np.unique(plan.kv_index // block_size)
     assert not np.isin(written, shared).any(), (
         f"step {plan.step_id} writes into shared pages {np.intersect1d(written, shared).tolist()}")
     last_rows = qs[1:] - 1

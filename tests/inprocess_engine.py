@@ -20,7 +20,7 @@ from core.config import EngineConfig
 from core.execution.runner import ModelRunner
 from core.plan import StepPlan, StepResult
 from core.sampling_params import SamplingParams
-from core.scheduling.request import Request, RequestOutput
+from core.scheduling.request import Request, TokenDelta
 from core.scheduling.scheduler import Scheduler
 
 
@@ -62,7 +62,7 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[TokenDelta]:
         plan = self.scheduler.schedule()
         if plan is None:
             return self.scheduler.drain_outputs()
@@ -97,7 +97,7 @@ class Engine:
         return list(completions.values())
 
     @staticmethod
-    def _collect(completion: FinishedRequest, out: RequestOutput) -> None:
+    def _collect(completion: FinishedRequest, out: TokenDelta) -> None:
         completion.token_ids.extend(out.new_token_ids)
         if out.logprobs is not None:
             completion.logprobs = (completion.logprobs or []) + list(out.logprobs)

@@ -49,5 +49,5 @@ def make_plan(chunks: list[Chunk], block_size: int, step_id: int = 0) -> StepPla
         output_pos=np.asarray([c.output_pos for c in chunks], np.int32),
         input_ids=np.concatenate([np.asarray(c.token_ids, np.int32) for c in chunks]),
         positions=np.concatenate(positions).astype(np.int32),
-        slot_mapping=np.concatenate(slots).astype(np.int64),
+        kv_index=np.concatenate(slots).astype(np.int64),
     )

@@ -14,8 +14,8 @@ from core.sampling_params import SamplingParams
 from ipc.channels import DealerChannel
 from ipc.messages import (
     AbortRequest,
-    GenerateOutput,
     GenerateRequest,
+    OutputDelta,
     RequestFailed,
     ServerInfo,
     ServerInfoQuery,
@@ -94,7 +94,7 @@ class SystemClient:
             if isinstance(msg, RequestFailed):
                 results[msg.request_id].failed = msg
                 open_ids.discard(msg.request_id)
-            elif isinstance(msg, GenerateOutput):
+            elif isinstance(msg, OutputDelta):
                 result = results[msg.request_id]
                 result.text += msg.text
                 result.token_ids += msg.token_ids

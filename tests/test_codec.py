@@ -226,18 +226,18 @@ def test_ndarray_annotation_is_refused_on_first_use():
 
 
 def test_a_list_whose_items_fail_alone_keeps_its_good_items_and_names_the_bad_ones():
-    from core.scheduling.request import RequestOutput
-    from ipc.messages import StepOutputs
+    from core.scheduling.request import TokenDelta
+    from ipc.messages import TokenDeltas
 
     body = {"outputs": [{"request_id": "a", "new_token_ids": [1]},
                         {"request_id": "b", "new_token_ids": [2], "num_cached_tokens": None},
                         {"new_token_ids": "x"},
                         {"request_id": "d", "new_token_ids": [4]}]}
-    msg = decode(orjson.dumps({"type": "StepOutputs", "body": body}))
-    assert msg.outputs == [RequestOutput("a", [1]), RequestOutput("d", [4])]
+    msg = decode(orjson.dumps({"type": "TokenDeltas", "body": body}))
+    assert msg.outputs == [TokenDelta("a", [1]), TokenDelta("d", [4])]
     assert [(bad.index, bad.key) for bad in msg.invalid_outputs] == [(1, "b"), (2, None)]
     assert "outputs[1].num_cached_tokens': expected int, got null" in msg.invalid_outputs[0].error
-    assert decode(encode(StepOutputs(msg.outputs))).invalid_outputs == []
+    assert decode(encode(TokenDeltas(msg.outputs))).invalid_outputs == []
 
 
 def test_a_codec_error_names_the_request_or_step_its_body_was_about():

@@ -21,7 +21,7 @@ from test_scheduler import (
 
 from core.scheduling.request import RequestStatus
 from ipc.codec import decode, encode
-from ipc.messages import StepOutputs
+from ipc.messages import TokenDeltas
 
 
 def _move(dead, live):
@@ -34,9 +34,9 @@ def _move(dead, live):
 
 def _assert_wire_valid(outcome: Outcome) -> None:
     """Every output survives the codec as the tokenizer would receive it (issue: a None field
-    failed the whole StepOutputs message and every stream in it hung)."""
+    failed the whole TokenDeltas message and every stream in it hung)."""
     if outcome.outputs:
-        assert decode(encode(StepOutputs(outcome.outputs))).outputs == outcome.outputs
+        assert decode(encode(TokenDeltas(outcome.outputs))).outputs == outcome.outputs
     for output in outcome.outputs:
         assert isinstance(output.num_cached_tokens, int)
 

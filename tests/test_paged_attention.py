@@ -150,7 +150,7 @@ def test_request_without_tokens_this_step_is_skipped():
     k_cache, v_cache = cache.layer(0)
     plan = make_plan([Chunk([0] * 10, 0, sequences[0].pages), Chunk([0] * 6, 0, sequences[1].pages)], 4)
     # Drop request 1's tokens from the step but keep its row: its context is empty this step.
-    plan = replace(plan, query_start=np.asarray([0, 10, 10], np.int32), slot_mapping=plan.slot_mapping[:10],
+    plan = replace(plan, query_start=np.asarray([0, 10, 10], np.int32), kv_index=plan.kv_index[:10],
                    positions=plan.positions[:10], input_ids=plan.input_ids[:10])
     meta = AttentionMetadata.from_plan(plan, "cpu")
     s = sequences[0]
@@ -203,5 +203,5 @@ def test_reference_forward_writes_the_steps_kv_into_its_slots():
     ReferenceAttention().forward(s.q, s.k, s.v, k_cache, v_cache, AttentionMetadata.from_plan(plan, "cpu"),
                                  HEAD_DIM**-0.5)
     flat_k = k_cache.reshape(-1, 2, HEAD_DIM)
-    assert torch.equal(flat_k[torch.from_numpy(plan.slot_mapping)], s.k)
+    assert torch.equal(flat_k[torch.from_numpy(plan.kv_index)], s.k)
     assert cache.storage.count_nonzero() == 2 * 21 * 2 * HEAD_DIM

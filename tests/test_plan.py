@@ -181,7 +181,7 @@ def test_plan_built_without_optional_fields_gets_their_neutral_values():
     full = single_prefill()
     plan = StepPlan(step_id=5, replica=0, query_start=full.query_start, seq_lens=full.seq_lens,
                     block_table=full.block_table, logits_index=full.logits_index, input_ids=full.input_ids,
-                    positions=full.positions, slot_mapping=full.slot_mapping)
+                    positions=full.positions, kv_index=full.kv_index)
     assert plan.sampling.tobytes() == sampling_rows(1).tobytes()
     assert plan.sampling[0]["temperature"] == SamplingParams().temperature
     assert plan.output_pos.tolist() == [0] and plan.prev_row.tolist() == [-1]

@@ -38,7 +38,7 @@ def make_plan(num_reqs: int, history: History | None = None, logits_index=None, 
         history_ids=np.array(ids, dtype=np.int32),
         input_ids=np.zeros(num_reqs, dtype=np.int32),
         positions=np.zeros(num_reqs, dtype=np.int32),
-        slot_mapping=np.zeros(num_reqs, dtype=np.int64),
+        kv_index=np.zeros(num_reqs, dtype=np.int64),
     )
 
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from core.config import CacheConfig, SchedulerConfig
 from core.plan import StepPlan, StepResult
 from core.sampling_params import SamplingParams
-from core.scheduling.request import Request, RequestOutput, RequestStatus
+from core.scheduling.request import Request, RequestStatus, TokenDelta
 from core.scheduling.scheduler import RequestRejectedError, Scheduler, SchedulerError
 
 EOS = 7
@@ -58,10 +58,10 @@ class Outcome:
 
     def __init__(self) -> None:
         self.tokens: dict[str, list[int]] = defaultdict(list)
-        self.final: dict[str, RequestOutput] = {}
-        self.outputs: list[RequestOutput] = []
+        self.final: dict[str, TokenDelta] = {}
+        self.outputs: list[TokenDelta] = []
 
-    def record(self, outputs: list[RequestOutput]) -> None:
+    def record(self, outputs: list[TokenDelta]) -> None:
         for output in outputs:
             assert output.request_id not in self.final, f"{output.request_id} spoke after finishing"
             self.tokens[output.request_id].extend(output.new_token_ids)
@@ -446,7 +446,7 @@ def test_abort_frees_every_page_in_each_state(state):
     held_alone = [page for page in victim.pages if pool.refcount(page) == 1]
     assert bool(held_alone) == (state in ("mid-prefill", "decoding"))
     assert scheduler.abort_request("victim")
-    assert victim.status is RequestStatus.FINISHED_ABORTED and victim.pages == [] and victim.slot is None
+    assert victim.status is RequestStatus.FINISHED_ABORTED and victim.pages == [] and victim.row is None
     assert pool.num_owned == owned_before - len(held_alone)
     assert all(pool.refcount(page) == 0 for page in held_alone)
     scheduler.pool.check()
@@ -516,7 +516,7 @@ def test_a_failed_step_publishes_nothing_to_the_prefix_cache():
 # --- stopping --------------------------------------------------------------------------------------
 
 
-def scripted(scheduler: Scheduler, tokens: list[int]) -> list[RequestOutput]:
+def scripted(scheduler: Scheduler, tokens: list[int]) -> list[TokenDelta]:
     """Run steps that sample `tokens[i]` for every sampling request at step i; returns all outputs."""
     outputs = []
     for token in tokens:

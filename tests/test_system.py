@@ -308,7 +308,7 @@ def test_garbage_on_every_socket_is_logged_and_survived(reference):
 
 
 def test_an_invalid_output_fails_its_own_stream_and_the_others_finish(reference):
-    """The tokenizer gets a StepOutputs with one malformed item (a null where an int belongs) for a
+    """The tokenizer gets a TokenDeltas with one malformed item (a null where an int belongs) for a
     running request: that request ends with an error naming the field; the same message's good item
     and every other stream carry on (issue: one bad item used to drop the whole message)."""
     launcher, client = reference
@@ -320,7 +320,7 @@ def test_an_invalid_output_fails_its_own_stream_and_the_others_finish(reference)
     good = {"request_id": "nobody/nothing", "new_token_ids": [5]}
     push = zmq.Context.instance().socket(zmq.PUSH)
     push.connect(launcher.endpoints.tokenizer_output)
-    push.send(b'{"type": "StepOutputs", "body": {"outputs": [%s, %s]}}' % (
+    push.send(b'{"type": "TokenDeltas", "body": {"outputs": [%s, %s]}}' % (
         json.dumps(good).encode(), json.dumps(bad).encode()))
     push.close(linger=1000)
     results = client.collect(["victim", "bystander"], timeout_s=60)

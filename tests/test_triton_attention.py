@@ -87,11 +87,11 @@ class Step:
 
 
 def make_meta(query_start: np.ndarray, seq_lens: np.ndarray, block_table: np.ndarray,
-              slot_mapping: np.ndarray) -> AttentionMetadata:
+              kv_index: np.ndarray) -> AttentionMetadata:
     query_lens = np.diff(query_start)
     return AttentionMetadata(
         query_start=torch.from_numpy(query_start), seq_lens=torch.from_numpy(seq_lens),
-        block_table=torch.from_numpy(block_table), slot_mapping=torch.from_numpy(slot_mapping),
+        block_table=torch.from_numpy(block_table), kv_index=torch.from_numpy(kv_index),
         query_start_cpu=query_start, seq_lens_cpu=seq_lens,
         max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()),
     )
@@ -125,8 +125,8 @@ def build_step(requests: list[tuple[int, int]], block_size: int, q_heads: int, k
         rows["k"].append(k[cached:])
         rows["v"].append(v[cached:])
     query_start = np.concatenate([[0], np.cumsum([chunk for _, chunk in requests])]).astype(np.int32)
-    slot_mapping = torch.cat(slots).numpy().astype(np.int64)
-    meta = make_meta(query_start, seq_lens, block_table, slot_mapping)
+    kv_index = torch.cat(slots).numpy().astype(np.int64)
+    meta = make_meta(query_start, seq_lens, block_table, kv_index)
     return Step(torch.cat(rows["q"]), torch.cat(rows["k"]), torch.cat(rows["v"]), k_cache, v_cache, meta)
 
 
@@ -217,7 +217,7 @@ def test_decode_splits_combine_to_the_reference(dtype, split_tiles):
     requests = [(0, 1), (16, 1), (150, 1), (63, 1), (40, 0), (95, 1)]
     step = build_step(requests, 16, 4, 2, dtype, seed=split_tiles)
     expected = reference_output(step)
-    write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, step.meta.slot_mapping)
+    write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, step.meta.kv_index)
     split_tokens = split_tiles * decode_tiles(dtype).block_n
     num_splits = -(-step.meta.max_seq_len // split_tokens)
     shape = (len(step.meta.seq_lens_cpu), 4, num_splits)

@@ -21,7 +21,7 @@ def test_warmup_plan_puts_each_token_in_its_own_pages():
     assert plan.logits_index.tolist() == [1, 2, 42]
     row = np.repeat(np.arange(3), [2, 1, 40])
     pages = plan.block_table[row, plan.positions // BLOCK_SIZE]
-    assert (plan.slot_mapping == pages * BLOCK_SIZE + plan.positions % BLOCK_SIZE).all()
+    assert (plan.kv_index == pages * BLOCK_SIZE + plan.positions % BLOCK_SIZE).all()
     used = [set(plan.block_table[i, : -(-n // BLOCK_SIZE)].tolist()) for i, n in enumerate(plan.seq_lens)]
     assert not (used[0] & used[1]) and not (used[1] & used[2]) and not (used[0] & used[2])
     assert plan.positions[-40:].tolist() == list(range(30, 70))

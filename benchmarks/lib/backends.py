@@ -200,7 +200,7 @@ class ZmqBackend:
 
     async def send(self, spec: RequestSpec, history: list[dict] | None = None) -> RequestTiming:
         from core.sampling_params import SamplingParams
-        from ipc.messages import ChatTurn, GenerateOutput, GenerateRequest
+        from ipc.messages import ChatTurn, GenerateRequest, OutputDelta
 
         self._ids += 1
         params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, **self.sampling_fields)
@@ -215,7 +215,7 @@ class ZmqBackend:
         try:
             async with await self._client.open([request]) as group:
                 async for out in group:
-                    if not isinstance(out, GenerateOutput):
+                    if not isinstance(out, OutputDelta):
                         timing.error = out.message
                         break
                     if out.token_ids:

@@ -48,7 +48,7 @@ class DecodeGraphs:
         # Static inputs: every graph reads its first `size` rows of these.
         self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.long, device=device)
+        self.kv_index = torch.full((max_batch,), -1, dtype=torch.long, device=device)
         self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=device)
         self.query_start = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(max_batch, max_pages, dtype=torch.int32, device=device)
@@ -64,7 +64,7 @@ class DecodeGraphs:
         for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its pool memory
             meta = AttentionMetadata(
                 query_start=self.query_start[: size + 1], seq_lens=self.seq_lens[:size],
-                block_table=self.block_table[:size], slot_mapping=self.slot_mapping[:size],
+                block_table=self.block_table[:size], kv_index=self.kv_index[:size],
                 query_start_cpu=np.arange(size + 1, dtype=np.int32),
                 seq_lens_cpu=np.full(size, max_seq_len, dtype=np.int32),
                 max_query_len=1, max_seq_len=max_seq_len, static_shapes=True,
@@ -139,7 +139,7 @@ class DecodeGraphs:
 
         put(self.input_ids[:num_reqs], plan.input_ids)
         put(self.positions[:num_reqs], plan.positions)
-        put(self.slot_mapping[:num_reqs], plan.slot_mapping)
+        put(self.kv_index[:num_reqs], plan.kv_index)
         put(self.seq_lens[:num_reqs], plan.seq_lens)
         put(self.query_start[: num_reqs + 1], plan.query_start)
         put(self.block_table[:num_reqs, :width], plan.block_table)
@@ -147,7 +147,7 @@ class DecodeGraphs:
             fill(self.input_ids[:num_reqs])
         if size > num_reqs:  # padding rows: no query, no KV write
             self.query_start[num_reqs + 1 : size + 1].fill_(num_reqs)
-            self.slot_mapping[num_reqs:size].fill_(-1)
+            self.kv_index[num_reqs:size].fill_(-1)
         self._graphs[size].replay()
         self._last_size = size
         return self._logits[size][:num_reqs]

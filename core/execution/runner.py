@@ -288,7 +288,7 @@ def warmup_plan(requests: list[tuple[int, int]], block_size: int, vocab_size: in
         step_id=-1, replica=0, query_start=query_start, seq_lens=seq_lens.astype(np.int32),
         block_table=block_table, logits_index=query_start[1:] - 1,
         input_ids=(np.arange(num_tokens, dtype=np.int64) * 7919 % vocab_size).astype(np.int32),
-        positions=positions.astype(np.int32), slot_mapping=slots.astype(np.int64),
+        positions=positions.astype(np.int32), kv_index=slots.astype(np.int64),
     )
 
 

@@ -1,7 +1,7 @@
 """The scheduler's view of one request, and what the scheduler reports about it after a step.
 
 A Request is mutable state owned by the scheduler: its tokens so far, how many of them have KV in
-the cache (`num_computed_tokens`), the pages and slot-table row it holds while running. Tokens live in
+the cache (`num_computed_tokens`), the pages and running-table row it holds while running. Tokens live in
 one growing int32 buffer, so a step's input ids and a penalty history are slices, never Python loops.
 """
 
@@ -61,7 +61,7 @@ class Request:
         self.num_cached_tokens = 0  # prefix-cache hit at the first admission
         self.first_admitted_s: float | None = None  # time.monotonic() of the first admission
         self.pages: list[int] = []  # one per block_size tokens, in order, while running
-        self.slot: int | None = None  # its row in the replica's SlotTable while running
+        self.row: int | None = None  # its row in the replica's RunningTable while running
         self.cache_node: Any = None  # the radix node it locked while running
         self.num_published_pages = 0  # leading pages in the prefix cache while running
         self.seed: int | None = None  # params.seed, or drawn by the scheduler at admission
@@ -112,8 +112,9 @@ class Request:
 
 
 @dataclass(slots=True)
-class RequestOutput:
-    """What one step (or an abort) produced for one request; finished=True is its last output.
+class TokenDelta:
+    """The scheduler's word on one request after a step (or an abort): its new token ids, and
+    finished=True on its last. The tokenizer turns these into OutputDeltas (text) for its client.
 
     Not frozen, though nobody changes it: a frozen dataclass costs 1 us to build, 0.2 ms a step
     with 256 requests decoding.

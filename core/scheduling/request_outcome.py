@@ -1,4 +1,4 @@
-"""What a request says after a step, and when it ends: the stop rule and the RequestOutputs.
+"""What a request says after a step, and when it ends: the stop rule and the TokenDeltas.
 
 The scheduler appends each sampled token to its request, asks `stop_status` whether that ends it,
 and reports the token with `token_output`; a request that ends outside a step (an abort, a failed
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Set
 
 from core.plan import StepResult
-from core.scheduling.request import Request, RequestOutput, RequestStatus
+from core.scheduling.request import Request, RequestStatus, TokenDelta
 
 
 def stop_status(request: Request, token: int, eos_token_ids: Set[int],
@@ -30,10 +30,10 @@ def stop_status(request: Request, token: int, eos_token_ids: Set[int],
 
 
 def token_output(request: Request, token: int, status: RequestStatus | None, row: int,
-                 result: StepResult) -> RequestOutput:
+                 result: StepResult) -> TokenDelta:
     """The output of one sampled token (row `row` of the step; `status` is what `stop_status` said),
     with logprobs when asked for; the request's first token also carries its queue time."""
-    output = RequestOutput(request.request_id, [token], status is not None,
+    output = TokenDelta(request.request_id, [token], status is not None,
                            None if status is None else status.value, request.stop_reason,
                            num_cached_tokens=request.num_cached_tokens)
     if request.num_tokens == request.prompt_len + 1:
@@ -48,7 +48,7 @@ def token_output(request: Request, token: int, status: RequestStatus | None, row
     return output
 
 
-def final_output(request: Request) -> RequestOutput:
+def final_output(request: Request) -> TokenDelta:
     """The last output of a request that ended outside a step: no token, its reason and error."""
-    return RequestOutput(request.request_id, [], True, request.finish_reason, request.stop_reason,
+    return TokenDelta(request.request_id, [], True, request.finish_reason, request.stop_reason,
                          num_cached_tokens=request.num_cached_tokens, error=request.error)

@@ -4,7 +4,7 @@ The scheduler decides who runs and who is preempted; this module does the page b
 decisions need: allocating (evicting cached pages when the pool runs short), attaching a prefix-cache
 match to an admitted request, publishing a running request's newly written full pages to the
 radix tree, and giving everything back when the request stops running. The block pool counts
-references, the radix cache locks the nodes a running request reads, and the slot table keeps
+references, the radix cache locks the nodes a running request reads, and the running table keeps
 each request's block-table row for the plans.
 """
 
@@ -13,14 +13,14 @@ from __future__ import annotations
 from core.scheduling.block_pool import BlockPool
 from core.scheduling.radix_cache import Match, RadixCache
 from core.scheduling.request import Request
-from core.scheduling.slot_table import SlotTable
+from core.scheduling.running_table import RunningTable
 
 
 class RequestPages:
-    def __init__(self, pool: BlockPool, cache: RadixCache, slots: SlotTable, block_size: int) -> None:
+    def __init__(self, pool: BlockPool, cache: RadixCache, running: RunningTable, block_size: int) -> None:
         self.pool = pool
         self.cache = cache
-        self.slots = slots
+        self.running = running
         self.block_size = block_size
 
     def allocate(self, num_pages: int) -> list[int] | None:
@@ -44,14 +44,14 @@ class RequestPages:
         self.pool.decref(match.pages)
 
     def attach(self, request: Request, match: Match, pages: list[int]) -> None:
-        """Give an admitted request a slot, the held match's pages and `pages` after them."""
+        """Give an admitted request a row, the held match's pages and `pages` after them."""
         request.cache_node = match.node
         request.num_published_pages = len(match.pages)
-        self.slots.assign(request)
-        self.slots.add_pages(request, match.pages + pages)
+        self.running.assign(request)
+        self.running.add_pages(request, match.pages + pages)
 
     def extend(self, request: Request, pages: list[int]) -> None:
-        self.slots.add_pages(request, pages)
+        self.running.add_pages(request, pages)
 
     def publish_written(self, request: Request) -> None:
         """Share a running request's newly written full pages through the prefix cache right away.
@@ -69,11 +69,11 @@ class RequestPages:
             if mine != tree:
                 self.pool.incref([tree])
                 self.pool.decref([mine])
-                self.slots.replace_page(request, index, tree)
+                self.running.replace_page(request, index, tree)
         request.num_published_pages = num_full
 
     def release(self, request: Request, publish: bool) -> None:
-        """Give back a running request's pages and slot; `publish`: its written full pages go to the cache."""
+        """Give back a running request's pages and row; `publish`: its written full pages go to the cache."""
         self.cache.unlock(request.cache_node)
         request.cache_node = None
         request.num_published_pages = 0
@@ -82,5 +82,5 @@ class RequestPages:
             num_full = request.num_computed_tokens // self.block_size
             self.cache.insert(request.all_token_ids[: num_full * self.block_size], request.pages[:num_full])
         self.pool.decref(request.pages)  # duplicates of cached pages and the partial page become free
-        self.slots.release(request)
+        self.running.release(request)
         request.pages = []

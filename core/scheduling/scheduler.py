@@ -17,7 +17,7 @@ Without chunked prefill a prompt runs whole, waiting for a step with room;
 only a recompute longer than a whole step (prompt + output after a preemption) is chunked anyway.
 long_prefill_token_threshold caps a chunk only when chunked prefill is on.
 
-`update()` takes the executor's StepResult and returns a RequestOutput per sampled token; requests
+`update()` takes the executor's StepResult and returns a TokenDelta per sampled token; requests
 that end outside a step (aborts) are returned by the next `update()` or by `drain_outputs()`.
 
 With `max_steps_in_flight` 1, `schedule()` and `update()` alternate. With 2 (async scheduling) the
@@ -43,11 +43,11 @@ from core.plan import StepPlan, StepResult
 from core.scheduling.admission import why_never_runs
 from core.scheduling.block_pool import BlockPool
 from core.scheduling.radix_cache import RadixCache
-from core.scheduling.request import Request, RequestOutput, RequestStatus
+from core.scheduling.request import Request, RequestStatus, TokenDelta
 from core.scheduling.request_outcome import final_output, stop_status, token_output
 from core.scheduling.request_pages import RequestPages
+from core.scheduling.running_table import RunningTable, ScheduledChunk
 from core.scheduling.scheduler_stats import SchedulerStats
-from core.scheduling.slot_table import ScheduledChunk, SlotTable
 
 _SEED_RANGE = 2**63
 
@@ -81,10 +81,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the newest is last
         self._requests: dict[str, Request] = {}  # every unfinished request
-        self._slots = SlotTable(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size))
-        self._pages = RequestPages(self.pool, self.cache, self._slots, self.block_size)
+        self._running = RunningTable(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size))
+        self._pages = RequestPages(self.pool, self.cache, self._running, self.block_size)
         self._rng = np.random.default_rng(seed)
-        self._pending_outputs: list[RequestOutput] = []
+        self._pending_outputs: list[TokenDelta] = []
         self._in_flight: deque[tuple[int, list[ScheduledChunk]]] = deque()  # (step id, chunks), oldest first
         self._next_step_id = 0
         # statistics
@@ -142,7 +142,7 @@ class Scheduler:
             request.status = RequestStatus.PREEMPTED
             request.num_computed_tokens = 0
             request.pages = []
-            request.slot = None
+            request.row = None
             request.cache_node = None
             request.num_inflight_tokens = request.num_pending_samples = 0
             request.last_step_row = None
@@ -154,7 +154,7 @@ class Scheduler:
         """Take over a request evacuated from another replica; it is recomputed at the queue's front."""
         if request.request_id in self._requests:
             raise SchedulerError(f"request {request.request_id!r} is already on replica {self.replica}")
-        if request.status is not RequestStatus.PREEMPTED or request.slot is not None:
+        if request.status is not RequestStatus.PREEMPTED or request.row is not None:
             raise SchedulerError(f"adopt() takes evacuated requests, got {request!r}")
         request.num_preemptions += 1
         self._requests[request.request_id] = request
@@ -168,7 +168,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._requests or self._pending_outputs)
 
-    def drain_outputs(self) -> list[RequestOutput]:
+    def drain_outputs(self) -> list[TokenDelta]:
         """Outputs of requests that ended outside a step (aborts), when no step runs to carry them."""
         outputs, self._pending_outputs = self._pending_outputs, []
         return outputs
@@ -224,7 +224,7 @@ class Scheduler:
         if not scheduled:
             return None
         step_id = self._next_step_id
-        plan = self._slots.build_plan(scheduled, self.block_size, step_id, self.replica)
+        plan = self._running.build_plan(scheduled, self.block_size, step_id, self.replica)
         if self.max_steps_in_flight > 1:  # what the next plan, made before this result, builds on
             for row, chunk in enumerate(scheduled):
                 request = chunk.request
@@ -241,7 +241,7 @@ class Scheduler:
         return (total - request.prompt_len >= request.sampling_params.max_tokens
                 or total >= self.max_model_len)
 
-    def update(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
+    def update(self, plan: StepPlan, result: StepResult) -> list[TokenDelta]:
         """Apply a step's result: advance, append sampled tokens, finish; returns what to stream."""
         if not self._in_flight or self._in_flight[0][0] != plan.step_id:
             raise SchedulerError(f"update() for step {plan.step_id}, but the oldest step in flight is "
@@ -379,13 +379,13 @@ class Scheduler:
     # --- finishing --------------------------------------------------------------------------------
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Mark finished and free what it holds; the caller takes it out of running or waiting."""
-        if request.slot is not None:
+        if request.row is not None:
             # A failed step's KV is not trusted: nothing of it goes to the cache.
             self._pages.release(request, publish=request.error is None)
         request.status = status
         del self._requests[request.request_id]
 
-    def _fail(self, scheduled: list[ScheduledChunk], message: str) -> list[RequestOutput]:
+    def _fail(self, scheduled: list[ScheduledChunk], message: str) -> list[TokenDelta]:
         outputs = []
         for chunk in scheduled:
             request = chunk.request

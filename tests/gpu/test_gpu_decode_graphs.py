@@ -52,7 +52,7 @@ def test_graph_padding_writes_no_kv():
     runner = _runner(False)
     before = runner.kv_cache.storage.clone()
     plan = next(s for s in _steps(3, np.random.default_rng(0)) if s.num_tokens == s.num_reqs)
-    plan = dataclasses.replace(plan, slot_mapping=np.full(3, -1, np.int64))  # this step writes nothing
+    plan = dataclasses.replace(plan, kv_index=np.full(3, -1, np.int64))  # this step writes nothing
     runner.forward_logits(plan)
     torch.cuda.synchronize()
     assert torch.equal(before, runner.kv_cache.storage), "a padded graph row wrote into the KV cache"

@@ -86,7 +86,7 @@ def build_step(requests: list[tuple[int, int]], block_size: int, dtype: torch.dt
     query_lens = np.diff(query_start)
     meta = AttentionMetadata(
         query_start=torch.from_numpy(query_start).cuda(), seq_lens=torch.from_numpy(seq_lens).cuda(),
-        block_table=torch.from_numpy(block_table).cuda(), slot_mapping=torch.cat(slots),
+        block_table=torch.from_numpy(block_table).cuda(), kv_index=torch.cat(slots),
         query_start_cpu=query_start, seq_lens_cpu=seq_lens,
         max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()),
     )

@@ -26,7 +26,7 @@ class AttentionMetadata:
     query_start: torch.Tensor  # int32 [B+1]
     seq_lens: torch.Tensor  # int32 [B]
     block_table: torch.Tensor  # int32 [B, W]
-    slot_mapping: torch.Tensor  # int64 [T]
+    kv_index: torch.Tensor  # int64 [T]
     # Host copies for backends that loop or size launches on the CPU.
     query_start_cpu: np.ndarray
     seq_lens_cpu: np.ndarray
@@ -46,7 +46,7 @@ class AttentionMetadata:
             query_start=put(plan.query_start),
             seq_lens=put(plan.seq_lens),
             block_table=put(plan.block_table),
-            slot_mapping=put(plan.slot_mapping),
+            kv_index=put(plan.kv_index),
             query_start_cpu=np.asarray(plan.query_start),
             seq_lens_cpu=np.asarray(plan.seq_lens),
             max_query_len=int(query_lens.max()) if len(query_lens) else 0,
@@ -81,8 +81,8 @@ class AttentionBackend(ABC):
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             kv_index: torch.Tensor) -> None:
     """Scatter the step's new K/V rows into the pages: slot = page * block_size + offset."""
     num_pages, block_size = k_cache.shape[:2]
-    k_cache.view(num_pages * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(num_pages * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+    k_cache.view(num_pages * block_size, *k_cache.shape[2:]).index_copy_(0, kv_index, k)
+    v_cache.view(num_pages * block_size, *v_cache.shape[2:]).index_copy_(0, kv_index, v)

@@ -17,7 +17,7 @@ class ReferenceAttention(AttentionBackend):
         tensors are."""
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, meta.kv_index)
         block_size = k_cache.shape[1]
         out = torch.empty_like(q)
         block_table = meta.block_table

@@ -67,7 +67,7 @@ class TritonAttention(AttentionBackend):
         self._step: _StepLaunch | None = None
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        write_kv_paged(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv_paged(k, v, k_cache, v_cache, meta.kv_index)
         return self.attend(q, k_cache, v_cache, meta, scale)
 
     def launch_state(self) -> _StepLaunch | None:

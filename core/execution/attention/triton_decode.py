@@ -78,7 +78,7 @@ def _decode_split_kernel(
     block_table_ptr, seq_lens_ptr, query_start_ptr,
     scale_log2e, num_splits, split_tokens,
     stride_q_tok, stride_q_head, stride_out_tok, stride_out_head,
-    stride_cache_page, stride_cache_slot, stride_cache_head, stride_table_req,
+    stride_cache_page, stride_cache_pos, stride_cache_head, stride_table_req,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PER_REQUEST_SPLITS: tl.constexpr,
@@ -115,7 +115,7 @@ def _decode_split_kernel(
         toks = tok0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < kv_end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, tok_mask, dims,
-                            dim_mask, stride_cache_page, stride_cache_slot, BLOCK_SIZE)
+                            dim_mask, stride_cache_page, stride_cache_pos, BLOCK_SIZE)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e  # [BLOCK_H, BLOCK_N]
         scores = tl.where(tok_mask[None, :], scores, float("-inf"))
         acc, row_sum, row_max = softmax_step(acc, row_sum, row_max, scores, v, DOT_PRECISION)

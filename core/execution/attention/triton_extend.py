@@ -78,7 +78,7 @@ def _extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, seq_lens_ptr, query_start_ptr,
     tile_req_ptr, tile_block_ptr, scale_log2e,
     stride_q_tok, stride_q_head, stride_out_tok, stride_out_head,
-    stride_cache_page, stride_cache_slot, stride_cache_head, stride_table_req,
+    stride_cache_page, stride_cache_pos, stride_cache_head, stride_table_req,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -114,14 +114,14 @@ def _extend_kernel(
     for tok0 in range(0, unmasked_end, BLOCK_N):
         toks = tok0 + tl.arange(0, BLOCK_N)
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, toks < kv_end, dims,
-                            dim_mask, stride_cache_page, stride_cache_slot, BLOCK_SIZE)
+                            dim_mask, stride_cache_page, stride_cache_pos, BLOCK_SIZE)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e  # [BLOCK_M, BLOCK_N]
         acc, row_sum, row_max = softmax_step(acc, row_sum, row_max, scores, v, DOT_PRECISION)
     for tok0 in range(unmasked_end, kv_end, BLOCK_N):
         toks = tok0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < kv_end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, tok_mask, dims,
-                            dim_mask, stride_cache_page, stride_cache_slot, BLOCK_SIZE)
+                            dim_mask, stride_cache_page, stride_cache_pos, BLOCK_SIZE)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e
         visible = tok_mask[None, :] & (toks[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))

@@ -2,7 +2,7 @@
 
 Called by TritonAttention.forward before attention reads the pages. Same contract as
 `core.execution.attention.backend.write_kv` (two torch index_copy_ calls): token t's rows go to
-slot_mapping[t] = page * block_size + offset. A negative slot means "write nothing" (padding).
+kv_index[t] = page * block_size + offset. A negative slot means "write nothing" (padding).
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ from core.execution.attention.triton_tiles import next_power_of_2
 
 @triton.jit
 def _write_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, kv_index_ptr,
     stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
-    stride_cache_page, stride_cache_slot, stride_cache_head,
+    stride_cache_page, stride_cache_pos, stride_cache_head,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_mapping_ptr + tok)
+    slot = tl.load(kv_index_ptr + tok)
     if slot < 0:
         return
     page = slot // BLOCK_SIZE
     heads = tl.arange(0, BLOCK_H)
     dims = tl.arange(0, BLOCK_D)
     mask = (heads < NUM_KV_HEADS)[:, None] & (dims < HEAD_DIM)[None, :]
-    dst = page * stride_cache_page + (slot % BLOCK_SIZE) * stride_cache_slot
+    dst = page * stride_cache_page + (slot % BLOCK_SIZE) * stride_cache_pos
     dst_offsets = dst + heads[:, None] * stride_cache_head + dims[None, :]  # [BLOCK_H, BLOCK_D]
     k = tl.load(k_ptr + tok * stride_k_tok + heads[:, None] * stride_k_head + dims[None, :], mask=mask)
     v = tl.load(v_ptr + tok * stride_v_tok + heads[:, None] * stride_v_head + dims[None, :], mask=mask)
@@ -39,7 +39,7 @@ def _write_kv_kernel(
 
 
 def write_kv_paged(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
+                   kv_index: torch.Tensor) -> None:
     """k, v: [T, kv_heads, head_dim] (any row strides); caches [num_pages, block_size, kv_heads, head_dim]."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
@@ -53,7 +53,7 @@ def write_kv_paged(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
                          f"{k_cache.stride()} and {v_cache.stride()}")
     block_h, block_d = next_power_of_2(num_kv_heads), next_power_of_2(head_dim)
     _write_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
+        k, v, k_cache, v_cache, kv_index,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d,

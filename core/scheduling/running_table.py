@@ -1,9 +1,9 @@
-"""SlotTable: the running requests of one replica, one row each, and the StepPlan gathered from them.
+"""RunningTable: the running requests of one replica, one row each, and the StepPlan gathered from them.
 
-A running request's block-table row and sampling settings are written into its slot's numpy rows
-once (pages as they are added), so building a step's plan is a fancy index per field plus
-per-token numpy arithmetic: no Python loop per token, no copy per request. The slots are the
-scheduler's own bookkeeping; the executor sees only the gathered rows. The scheduler decides who
+A running request's block-table row and sampling settings are written into its row once (pages as
+they are added), so building a step's plan is a fancy index per field plus per-token numpy
+arithmetic: no Python loop per token, no copy per request. The rows are the scheduler's own
+bookkeeping; the executor sees only the gathered ones. The scheduler decides who
 runs; this module only lays the decision out as flat arrays.
 """
 
@@ -30,48 +30,48 @@ class ScheduledChunk:
     epoch: int = 0  # request.num_preemptions when scheduled: a later preemption voids the chunk
 
 
-class SlotTable:
-    """Slots of the running requests and what the plan needs per slot, kept as numpy rows.
+class RunningTable:
+    """Rows of the running requests and what the plan needs per row, kept as numpy arrays.
 
     A running request's block-table row and sampling settings are written once (pages as they
     are added), so a step gathers them with one fancy index instead of a copy per request.
     """
 
-    def __init__(self, num_slots: int, max_pages_per_request: int) -> None:
-        self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
-        self.block_table = np.zeros((num_slots, max_pages_per_request), np.int32)  # 0 = padding
-        self.sampling = np.zeros(num_slots, SAMPLING_DTYPE)  # one record of settings per slot
-        self.has_penalties = np.zeros(num_slots, bool)
+    def __init__(self, num_rows: int, max_pages_per_request: int) -> None:
+        self._free = list(range(num_rows - 1, -1, -1))  # pop() hands out row 0 first
+        self.block_table = np.zeros((num_rows, max_pages_per_request), np.int32)  # 0 = padding
+        self.sampling = np.zeros(num_rows, SAMPLING_DTYPE)  # one record of settings per row
+        self.has_penalties = np.zeros(num_rows, bool)
 
     def assign(self, request: Request) -> None:
-        slot = request.slot = self._free.pop()
-        self.sampling[slot] = sampling_row(request.sampling_params, request.seed)
-        self.has_penalties[slot] = request.sampling_params.has_penalties
+        row = request.row = self._free.pop()
+        self.sampling[row] = sampling_row(request.sampling_params, request.seed)
+        self.has_penalties[row] = request.sampling_params.has_penalties
 
     def add_pages(self, request: Request, pages: list[int]) -> None:
         start = len(request.pages)
-        self.block_table[request.slot, start : start + len(pages)] = pages
+        self.block_table[request.row, start : start + len(pages)] = pages
         request.pages.extend(pages)
 
     def replace_page(self, request: Request, index: int, page: int) -> None:
         """Swap a request's page for another holding the same tokens (the prefix cache's copy)."""
         request.pages[index] = page
-        self.block_table[request.slot, index] = page
+        self.block_table[request.row, index] = page
 
     def release(self, request: Request) -> None:
-        self.block_table[request.slot, : len(request.pages)] = 0
-        self._free.append(request.slot)
-        request.slot = None
+        self.block_table[request.row, : len(request.pages)] = 0
+        self._free.append(request.row)
+        request.row = None
 
-    # --- the plan gathered from the slots ----------------------------------------------------------
+    # --- the plan gathered from the table_rows ----------------------------------------------------------
     def build_plan(self, scheduled: list[ScheduledChunk], block_size: int, step_id: int,
                    replica: int) -> StepPlan:
         """Flat arrays of the step: per-request Python, per-token numpy."""
         num_reqs = len(scheduled)
-        columns = np.array([(c.request.slot, c.start, c.num_new, c.total, c.request.prompt_len,
+        columns = np.array([(c.request.row, c.start, c.num_new, c.total, c.request.prompt_len,
                              c.request.last_token_id if c.prev_row < 0 else 0, c.prev_row)
                             for c in scheduled], np.int32).reshape(num_reqs, 7)
-        slots, num_computed, num_new, num_tokens, prompt_len, last_token_ids, prev_row = columns.T
+        table_rows, num_computed, num_new, num_tokens, prompt_len, last_token_ids, prev_row = columns.T
         query_start = np.zeros(num_reqs + 1, np.int32)
         np.cumsum(num_new, out=query_start[1:])
         num_step_tokens = int(query_start[-1])
@@ -86,24 +86,24 @@ class SlotTable:
         positions = (np.arange(num_step_tokens, dtype=np.int32)
                      + np.repeat(num_computed - query_start[:-1], num_new))
         width = -(-int(seq_lens.max()) // block_size)
-        block_table = self.block_table[slots, :width]
+        block_table = self.block_table[table_rows, :width]
         token_rows = np.repeat(np.arange(num_reqs), num_new)
-        slot_mapping = (block_table[token_rows, positions // block_size].astype(np.int64) * block_size
+        kv_index = (block_table[token_rows, positions // block_size].astype(np.int64) * block_size
                         + positions % block_size)
         logits_index = np.where(seq_lens == num_tokens, query_start[1:] - 1, -1).astype(np.int32)
-        history = self._penalty_history(scheduled, slots, num_tokens, prompt_len, logits_index >= 0)
+        history = self._penalty_history(scheduled, table_rows, num_tokens, prompt_len, logits_index >= 0)
         return StepPlan(
             step_id=step_id, replica=replica, query_start=query_start,
             seq_lens=seq_lens, block_table=block_table, logits_index=logits_index,
-            sampling=np.take(self.sampling, slots), output_pos=num_tokens - prompt_len, input_ids=input_ids,
-            positions=positions, slot_mapping=slot_mapping, prev_row=prev_row, **history,
+            sampling=np.take(self.sampling, table_rows), output_pos=num_tokens - prompt_len,
+            input_ids=input_ids, positions=positions, kv_index=kv_index, prev_row=prev_row, **history,
         )
 
-    def _penalty_history(self, scheduled: list[ScheduledChunk], slots: np.ndarray,
+    def _penalty_history(self, scheduled: list[ScheduledChunk], table_rows: np.ndarray,
                          num_tokens: np.ndarray, prompt_len: np.ndarray,
                          sampling: np.ndarray) -> dict[str, np.ndarray]:
         """Prompt + output ids of the requests that sample with penalties; empty ranges for the others."""
-        rows = np.flatnonzero(self.has_penalties[slots] & sampling)
+        rows = np.flatnonzero(self.has_penalties[table_rows] & sampling)
         lengths = np.zeros(len(scheduled), np.int32)
         lengths[rows] = num_tokens[rows]
         history_start = np.zeros(len(scheduled) + 1, np.int32)
