@@ -17,10 +17,10 @@ replica 0 (sglang#1417). Counting tokens rather than requests keeps one long pro
 as cheap as one short one.
 
 Load is the guard, and it bounds the imbalance: a request goes to replica r only if
-load[r] + work[r] - shared[r] <= load[s] + work[s] - shared[s] for every live s, so right after it,
-load[r] exceeds any other load by at most work[s] + shared[r] <= 2 x prompt + max_tokens. Arrivals
-alone never make the most and least loaded replicas differ by more than that of the largest request
-routed; finishing requests only lower loads.
+load[r] - 2 x shared[r] <= load[s] - 2 x shared[s] for every live s, so right after it, load[r]
+exceeds any other load by at most prompt + max_tokens + shared[r] <= 2 x prompt + max_tokens.
+Arrivals alone never make the most and least loaded replicas differ by more than that of the
+largest request routed (finishing requests change loads as they come).
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class DPRouter:
         """
         if not live:
             return None
-        keys = self._prefix_keys(prompt)
+        # One live replica has nothing to choose from, now or later (replicas do not come back).
+        keys = self._prefix_keys(prompt) if len(live) > 1 else []
         chunk_tokens = self._prefix_keys.chunk_tokens
         prompt_len = len(prompt)
         cached = {r: cached_prefix_len(r) for r in live}
