@@ -16,6 +16,7 @@ from collections import deque
 import numpy as np
 import pytest
 
+from benchmarks.dp_routing import measure
 from core.scheduling.dp_router import DPRouter, Route
 from core.scheduling.routed_prefixes import PrefixKeys, chunk_tokens_for
 
@@ -235,3 +236,9 @@ def test_a_dead_replica_is_forgotten():
     with pytest.raises(ValueError, match="replica .* is down"):
         router.assign("c", Route(dead, 1, 0, [1]))
     assert router.pick([], group[2][1], MAX_TOKENS, lambda r: 0) is None
+
+
+def test_the_routing_cost_benchmark_times_every_request():
+    result = measure(replicas=2, requests=64, prompt_len=300, in_flight=16)
+    assert result["requests"] == 64
+    assert 0 < result["route_us_median"] <= result["route_us_p99"]
