@@ -17,6 +17,9 @@ Runs (the performance report's keys):
                        with the prefix cache on and off
   prefix_on_sync       prefix_on's prompts one step at a time (--no-async-scheduling)
   dp2                  c302's request shape, 500 prompts, two replicas sharing the card (--dp 2)
+  prefix_burst_dp1,    a burst of groups: 32 groups x 16 prompts, 2,048-token system, 128 question,
+  prefix_burst_dp2     64 out, at concurrency 128 sent at once, on one replica and on two sharing the
+                       card (the DP router's prefix locality: compare their prefix hit rates)
   peer_cadence, peer   256 x 512 in / 128 out through Cadence, and through transformers' generate_batch
 --scale shrinks every workload's prompt count (for a quick look; the report says so).
 """
@@ -51,6 +54,9 @@ SHARED = [
     "--output-len",
     "256",
 ]
+# Every group's prompts arrive before any of them is cached: what the DP router must keep together.
+SHARED_BURST = ["--dataset", "shared-prefix", "--groups", "32", "--prompts-per-group", "16", "--system-len",
+                "2048", "--question-len", "128", "--output-len", "64", "--max-concurrency", "128"]
 PEER_WORKLOAD = ["--dataset", "random", "--input-len", "512", "--output-len", "128", "--num-prompts", "256"]
 
 
@@ -77,6 +83,8 @@ RUNS = {
     # Two replicas on one card only show the router and the replicas' overhead (DP is for several
     # cards): half of c302's prompts keep the run short.
     "dp2": Run("dp2", ("--dp", "2"), (*RANDOM, "--max-concurrency", "302"), 500),
+    "prefix_burst_dp1": Run("prefix_burst_dp1", (), tuple(SHARED_BURST), 512),
+    "prefix_burst_dp2": Run("prefix_burst_dp2", ("--dp", "2"), tuple(SHARED_BURST), 512, "prefix_burst_dp1"),
     "peer_cadence": Run("peer_cadence", (), PEER_WORKLOAD, 256),
     # The same prompts as c1 and c302, one step at a time (each on a server of its own).
     "c1_sync": Run("c1_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
@@ -101,8 +109,9 @@ RUNS = {
 def _load_flags(run: Run, scale: float) -> list[str]:
     flags = list(run.load_flags)
     count = max(1, round(run.num_prompts * scale))
-    if "--groups" in flags:  # shared-prefix: scale the groups, keep 16 prompts per group
-        flags[flags.index("--groups") + 1] = str(max(1, round(64 * scale)))
+    if "--groups" in flags:  # shared-prefix: scale the groups, keep the prompts per group
+        at = flags.index("--groups") + 1
+        flags[at] = str(max(1, round(int(flags[at]) * scale)))
     elif "--num-prompts" in flags:
         flags[flags.index("--num-prompts") + 1] = str(count)
     else:

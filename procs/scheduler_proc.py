@@ -93,7 +93,7 @@ class SchedulerProcess:
         self.replicas: list[Replica] = []
         for index, num_pages in enumerate(spec.num_pages):
             self.replicas.append(Replica(index, spec, num_pages))
-        self.router = DPRouter(len(self.replicas))
+        self.router = DPRouter(len(self.replicas), spec.config.cache.block_size)
         self.trace = StepTrace(log)
         self.problems = ProblemLog(log)
         self._pending: list[TokenDelta] = []  # outputs to emit this iteration
@@ -253,12 +253,11 @@ class SchedulerProcess:
         prompt = request.all_token_ids
         # An adopted request has generated some of its tokens already: only the rest is work.
         remaining = request.sampling_params.max_tokens - request.num_output_tokens
-        picked = self.router.pick(live, len(prompt), remaining,
-                                  lambda i: self.replicas[i].scheduler.cached_prefix_len(prompt))
-        if picked is None:
+        route = self.router.pick(live, prompt, remaining,
+                                 lambda i: self.replicas[i].scheduler.cached_prefix_len(prompt))
+        if route is None:
             return False
-        replica_index, work = picked
-        scheduler = self.replicas[replica_index].scheduler
+        scheduler = self.replicas[route.replica].scheduler
         try:
             if new:
                 scheduler.add_request(request)
@@ -267,9 +266,9 @@ class SchedulerProcess:
         except (RequestRejectedError, SchedulerError) as exc:
             self._rejected.append(Rejected(request.request_id, str(exc)))
             return True
-        self.router.assign(request.request_id, replica_index, work)
-        self.trace.arrived(request.request_id, replica_index, len(prompt), len(prompt) + remaining - work)
-        self.replicas[replica_index].plan_ahead.work_arrived()
+        self.router.assign(request.request_id, route)
+        self.trace.arrived(request.request_id, route.replica, len(prompt), route.cached_len)
+        self.replicas[route.replica].plan_ahead.work_arrived()
         return True
 
     def abort(self, request_id: str) -> None:
@@ -316,6 +315,7 @@ class SchedulerProcess:
         self.log.error("replica %d is down: %s", index, reason)
         replica.alive = False
         replica.down_reason = reason
+        self.router.forget_replica(index)
         replica.in_flight.clear()
         self._pending.extend(replica.scheduler.drain_outputs())
         orphans = replica.scheduler.evacuate()

@@ -186,6 +186,34 @@ def test_router_spreads_distinct_requests_over_both_replicas():
         assert all(r.num_cached_tokens == 192 for r in results.values())
 
 
+def test_router_keeps_each_group_of_a_burst_on_one_replica():
+    """Sent at once, before any prefix is cached: the router's record of what it routed keeps each
+    group together, and load spreads the groups. A replica's prompt tokens tell which groups it
+    served: group g's prompts are 403 + (0, 1, 7, 49)[g] tokens long, so a replica's count of
+    each group is a digit in base 7 of its prompt tokens beyond 403 each."""
+    offsets = (0, 1, 7, 49)
+    with _launch(tiny_config(dp=2)) as launcher, \
+            SystemClient(launcher.endpoints.tokenizer_frontend) as client:
+        rng = np.random.default_rng(9)
+        prompts = []
+        for group, offset in enumerate(offsets):
+            prefix = rng.integers(0, 151_000, 400).tolist()
+            for i in range(6):
+                own = rng.integers(0, 151_000, 3 + offset).tolist()
+                prompts.append((f"g{group}-{i}", {"prompt_token_ids": prefix + own}))
+        burst = dict(prompts[i] for i in rng.permutation(len(prompts)))
+        results = client.generate(burst, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        assert all(r.finish_reason == "length" for r in results.values())
+        served = []  # per replica, its count of each group's prompts
+        for replica in client.info().replicas:
+            num_requests, beyond = divmod(replica.stats.num_prompt_tokens, 403)
+            counts = [0, beyond % 7, beyond // 7 % 7, beyond // 49]
+            counts[0] = num_requests - sum(counts)
+            served.append(counts)
+        assert all(count in (0, 6) for counts in served for count in counts), served
+        assert all(sum(counts) > 0 for counts in served), served
+
+
 def _wait_for_idle(client: SystemClient, timeout_s: float = 10.0) -> None:
     """Every replica alive back to zero requests and zero pages owned."""
     deadline = time.monotonic() + timeout_s
