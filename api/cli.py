@@ -3,8 +3,9 @@
 The engine's flags come from procs/args.py (`add_engine_args`, `config_from_args`); this module adds
 the API's own: --host (default 127.0.0.1: not reachable from other machines unless asked),
 --port (8000), --api-key (or the CADENCE_API_KEY environment variable), --served-model-name (the
-name clients send as `model`; default the model's name), and a few limits. `_start_engine` is the
-one place that touches the launcher. The console script entry point is `api.cli:main`.
+name clients send as `model`; default the model's name), --strict-request-fields, and a few
+limits. `_start_engine` is the one place that touches the launcher. The console script entry
+point is `api.cli:main`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                        help=f"largest request body accepted (default: {DEFAULT_MAX_BODY_BYTES})")
     group.add_argument("--request-timeout", type=float, default=600.0,
                        help="seconds a request may go without output before it fails with 504 (default: 600)")
+    group.add_argument("--strict-request-fields", action="store_true",
+                       help="refuse (400) request fields this server does not know (default: ignore them "
+                            "with one warning per field name, as vLLM does)")
     group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     group.add_argument("--access-log", action="store_true", help="log every HTTP request (default: off)")
 
@@ -65,6 +69,7 @@ def api_config(args: argparse.Namespace, model: ServedModel, tokenizer_address: 
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_body_bytes=args.max_request_bytes,
         timeout_s=args.request_timeout,
+        strict_request_fields=args.strict_request_fields,
     )
 
 

@@ -15,7 +15,8 @@ context overflow (RequestFailed.context) is told from those numbers, naming the 
 (max_completion_tokens where the client used it). An output that carries `error` (the
 engine ended the request) is a 500; a tokenizer that goes silent for the client's timeout is a
 504 naming the tokenizer's address. Once a stream has started, the error is sent as an
-`{"error": ...}` event, then [DONE].
+`{"error": ...}` event, then [DONE]. With stream_options.continuous_usage_stats every chunk of
+output carries the whole call's usage so far (vLLM's per-chunk usage, summed over the choices).
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ class _Call:
                 choice = self._choices[output.request_id]
                 choice.update(output, time.monotonic())
                 for chunk in self._chunks(choice, output):
+                    if self.parsed.continuous_usage:
+                        chunk["usage"] = self._usage()
                     yield responses.sse(chunk)
                 if output.error is not None:
                     message = f"the engine ended request {output.request_id}: {output.error}"
