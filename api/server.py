@@ -61,6 +61,7 @@ class ApiConfig:
     model: ServedModel
     tokenizer_address: str  # the tokenizer's ROUTER (Launcher.endpoints.tokenizer_frontend)
     api_key: str | None = None  # None: /v1/ routes are open
+    tokenizer_api_key: str | None = None  # presented to the tokenizer's front end when it requires one
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     timeout_s: float = 600.0  # the longest a request may go without an output before a 504
     info_timeout_s: float = 5.0  # /health and /metrics wait this long for the engine's state
@@ -131,7 +132,8 @@ class ApiServer:
     def __init__(self, config: ApiConfig) -> None:
         self.config = config
         self.metrics = ApiMetrics(config.model.name)
-        self.client = AsyncClient(config.tokenizer_address, timeout_s=config.timeout_s, name="api server")
+        self.client = AsyncClient(config.tokenizer_address, timeout_s=config.timeout_s, name="api server",
+                                  api_key=config.tokenizer_api_key)
         self.created = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
 
