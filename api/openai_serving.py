@@ -48,6 +48,7 @@ class ChoiceState:
         self.reasoning: list[str] = []  # chat
         self.logprobs: list[dict[str, Any]] = []  # per output, in the endpoint's shape
         self.text_offset = 0
+        self.echoed = False  # completions with echo: the prompt went out before the first text
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
@@ -214,8 +215,15 @@ class CompletionCall(_Call):
         choice.text_offset += sum(len(t) for t in output.tokens or [])
         return part
 
+    def _echoed(self, choice: ChoiceState, text: str) -> str:
+        """`text`, after the choice's prompt if the call echoes it and this is the choice's first."""
+        if not self.parsed.echo or choice.echoed:
+            return text
+        choice.echoed = True
+        return (self.parsed.requests[choice.index].prompt or "") + text
+
     def _accumulate(self, choice: ChoiceState, output: OutputDelta) -> None:
-        choice.text.append(output.text)
+        choice.text.append(self._echoed(choice, output.text))
         part = self._logprobs(choice, output)
         if part is not None:
             choice.logprobs.append(part)
@@ -237,7 +245,8 @@ class CompletionCall(_Call):
         logprobs = self._logprobs(choice, output)
         if not (output.text or output.token_ids or output.finished):
             return []
-        return [self._chunk([responses.completion_choice(choice.index, output.text, output.finish_reason,
+        text = self._echoed(choice, output.text)
+        return [self._chunk([responses.completion_choice(choice.index, text, output.finish_reason,
                                                          output.stop_reason, logprobs)])]
 
 

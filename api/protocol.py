@@ -15,8 +15,10 @@ Choices of this server, where OpenAI and vLLM leave room:
   fields of their own (the SGLang gateway's `no_stop_trim`, `continue_final_message`). With
   `strict_fields` (`--strict-request-fields`) they are refused (400, `param` = the field), so a typo
   never silently changes nothing. Bad values of known fields are refused either way. A few OpenAI
-  fields this server cannot honour are accepted only at their no-op value (`echo` false,
-  `logit_bias` empty, `tools` empty, `response_format` text, ...).
+  fields this server cannot honour are accepted only at their no-op value (`logit_bias` empty,
+  `tools` empty, `response_format` text, ...).
+* `echo` (completions) puts the prompt before each choice's text, for prompts given as text and
+  without `logprobs` (the prompt's logprobs are not computed yet).
 * `stream_options.continuous_usage_stats` (vLLM's): every chunk carries the usage so far.
 * `max_tokens` left out means "up to the context length": max_model_len minus the prompt. The api
   process neither tokenizes nor renders chats, so the request goes out with max_tokens None and the
@@ -89,6 +91,7 @@ class ParsedRequest:
     continuous_usage: bool  # stream_options.continuous_usage_stats: the usage so far in every chunk
     logprobs: int | None  # None: no logprobs; k: the sampled token's and the top k
     max_tokens_field: str  # how the client named max_tokens: "max_tokens" or "max_completion_tokens"
+    echo: bool = False  # completions: each choice's text starts with its prompt
 
     @property
     def num_prompts(self) -> int:
@@ -112,9 +115,15 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
     fields = BodyFields(body, COMPLETION_FIELDS, "/v1/completions", strict=strict_fields)
     model_name = _check_model(fields, model)
     prompts = _parse_prompts(fields)
-    require_noop(fields, "echo", (False,), "echo is not supported")
+    echo = fields.bool("echo", False)
     require_noop(fields, "suffix", ("",), "suffix is not supported")
     logprobs = fields.int("logprobs", 0, MAX_LOGPROBS)
+    if echo and logprobs is not None:
+        raise invalid("echo", "echo with logprobs is not supported: this server does not compute the "
+                      "prompt's logprobs yet (echo without logprobs is)")
+    if echo and isinstance(prompts[0], list):
+        raise invalid("echo", "echo of a token-id prompt is not supported (the API process does not "
+                      "detokenize); send the prompt as text")
     n = _parse_n(fields, len(prompts))
     best_of = fields.int("best_of", 1, MAX_CHOICES)
     if best_of is not None and best_of != n:
@@ -136,7 +145,7 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
                 skip_special_tokens=skip_special,
             ))
     return ParsedRequest("completions", model_name, tuple(requests), n, stream, include_usage,
-                         continuous_usage, logprobs, "max_tokens")
+                         continuous_usage, logprobs, "max_tokens", echo)
 
 
 def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,

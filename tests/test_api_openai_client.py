@@ -75,3 +75,18 @@ def test_the_sglang_model_info_route_names_the_served_model(servers):
         info = get(servers[0], path).json()
         assert info["model_path"] == "qwen3-tiny" and info["served_model_name"] == "qwen3-tiny"
         assert info["is_generation"] is True and info["max_model_len"] == 4096
+
+
+def test_echo_puts_the_prompt_before_each_choice_whole_and_streamed(servers):
+    api = client(servers[0])
+    reply = api.completions.create(model="qwen3-tiny", prompt="Say:", max_tokens=2, n=2, echo=True)
+    assert [c.text for c in reply.choices] == ["Say:" + "".join(COMPLETION_REPLY[:2])] * 2
+    stream = api.completions.create(model="qwen3-tiny", prompt="Say:", max_tokens=2, echo=True, stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices) == "Say:" + "".join(COMPLETION_REPLY[:2])
+
+
+def test_echo_with_logprobs_is_refused_naming_what_is_missing(servers):
+    with pytest.raises(openai.BadRequestError) as info:
+        client(servers[0]).completions.create(model="qwen3-tiny", prompt="Say:", max_tokens=1, echo=True,
+                                              logprobs=1)
+    assert "prompt's logprobs" in str(info.value)
