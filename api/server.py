@@ -218,9 +218,11 @@ class ApiServer:
         return JSONResponse(self._model_card())
 
     async def model_info(self, request: Request) -> Response:
-        """The SGLang runtime's model and server info, in its field names (a router's view of us)."""
+        """The SGLang runtime's model and server info, in its field names (a router's view of us). The
+        SGLang Model Gateway names the model by served_model_name; given a model_path it would also
+        try to fetch a tokenizer from there (the Hugging Face hub), which it does not need to route."""
         model = self.config.model
-        return JSONResponse({"model_path": model.name, "tokenizer_path": None,
+        return JSONResponse({"model_path": None, "tokenizer_path": None,
                              "served_model_name": model.name, "is_generation": True,
                              "context_length": model.max_model_len, "max_model_len": model.max_model_len})
 
