@@ -5,7 +5,8 @@ every output to the `RequestGroup` of its request (the requests one caller sent 
 the n choices of an API call), so a caller waits on its own queue only. Batch helpers
 (`generate`, `as_completed`, `stream`) sit on top, with the sync Client's semantics
 (api/client.py): every wait is bounded by `timeout_s` of silence, and `ClientTimeout` names the
-tokenizer's address and the requests that got nothing.
+tokenizer's address and the requests that got nothing. With `api_key` it presents the key to a
+front end that requires one (ipc/native_auth.py); a refused key fails every call at once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import zmq.asyncio
 
 from api.client_errors import (
     DEFAULT_TIMEOUT_S,
+    HANDSHAKE_CHECK_S,
     SEND_TIMEOUT_S,
     ClientError,
     ClientTimeout,
@@ -41,6 +43,7 @@ from ipc.messages import (
     ServerInfo,
     ServerInfoQuery,
 )
+from ipc.native_auth import HandshakeWatch, present_key
 from procs.problem_log import ProblemLog
 
 log = logging.getLogger(__name__)
@@ -120,8 +123,11 @@ class AsyncClient:
     """An asyncio client; `async with AsyncClient(address) as client:` (see the module docstring)."""
 
     def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "async client",
-                 identity: bytes | None = None, id_prefix: str = "r") -> None:
+                 identity: bytes | None = None, id_prefix: str = "r", api_key: str | None = None) -> None:
         self.address = address
+        self._api_key = api_key
+        self._handshakes: HandshakeWatch | None = None
+        self._handshake_watcher: asyncio.Task[None] | None = None
         self._problems = ProblemLog(log)
         self.timeout_s = timeout_s
         self.name = name
@@ -151,6 +157,12 @@ class AsyncClient:
         socket.sndtimeo = int(SEND_TIMEOUT_S * 1000)
         if self._identity is not None:
             socket.routing_id = self._identity
+        if self._api_key is not None:
+            present_key(socket, self._api_key)
+        if self._api_key is not None or self.address.startswith("tcp://"):
+            self._handshakes = HandshakeWatch(socket)
+            self._handshake_watcher = asyncio.create_task(self._watch_handshakes(),
+                                                          name=f"{self.name} handshakes")
         try:
             socket.connect(self.address)
         except zmq.ZMQError as e:
@@ -166,9 +178,12 @@ class AsyncClient:
         for group in {id(g): g for g in self._groups.values()}.values():
             group.close()
             group._deliver(None)
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
-            await asyncio.gather(self._dispatcher, return_exceptions=True)
+        for task in (self._dispatcher, self._handshake_watcher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self._handshakes is not None:
+            self._handshakes.close()
         self._socket.close()
 
     # --- for callers that handle outputs themselves (the REST server) -----------------------------
@@ -259,8 +274,17 @@ class AsyncClient:
 
     async def _send(self, message: object) -> None:
         assert self._socket is not None
+        if self._failure is not None:
+            raise self._failure
+        sending = asyncio.ensure_future(self._socket.send_multipart([encode(message)]))
+        if self._handshake_watcher is not None and not sending.done():
+            # A refused connection takes nothing: a send would wait out its timeout in vain.
+            await asyncio.wait({sending, self._handshake_watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not sending.done() and self._failure is not None:
+                sending.cancel()
+                raise self._failure
         try:
-            await self._socket.send_multipart([encode(message)])
+            await sending
         except zmq.Again:
             raise ClientTimeout(f"the tokenizer at {self.address} did not take a {type(message).__name__} "
                                 f"within {SEND_TIMEOUT_S} s (not running, or not reading)") from None
@@ -296,6 +320,12 @@ class AsyncClient:
             raise
         except Exception as e:  # the socket broke: every waiter must hear of it
             self.fail(f"{self.name}: receiving from the tokenizer at {self.address} failed: {e}")
+
+    async def _watch_handshakes(self) -> None:
+        assert self._handshakes is not None
+        while (refusal := self._handshakes.refusal()) is None:
+            await asyncio.sleep(HANDSHAKE_CHECK_S)
+        self.fail(f"{self.name}: the tokenizer at {self.address} {refusal}")
 
     def fail(self, reason: str) -> None:
         """The engine behind the tokenizer is gone (or the socket broke): every waiting request and

@@ -2,19 +2,26 @@
 
 api/protocol.py reads each OpenAI request through one: `fields.int("n", 1, 64)`, `fields.float(...)`,
 `fields.bool(...)`, `fields.str(...)`, `fields.get(...)` for the rest. A field given as null counts
-as left out; a field the endpoint does not know is refused when the body is wrapped. Every
+as left out. A field the endpoint does not know is ignored with one warning per field name, as
+vLLM does (routers and SDKs add fields of their own: the SGLang gateway sends `no_stop_trim`), or,
+with `strict` (`cadence serve --strict-request-fields`), refused when the body is wrapped. Every
 refusal is an ApiError (400) whose `param` is the field and whose message says what was expected
 and what came, in JSON's words ("'n' must be an integer, got a string \"2\"").
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from api.errors import invalid
+
+log = logging.getLogger("cadence.api")
+# A client that sends a fresh made-up name in every body must not grow the set without bound.
+_MAX_WARNED_NAMES = 256
 
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
                float: "a number", type(None): "null"}
@@ -31,12 +38,10 @@ def describe(value: Any) -> str:
 class BodyFields:
     """Typed access to a request body's top-level fields; every error names the field."""
 
-    def __init__(self, body: Any, known: frozenset[str], endpoint: str) -> None:
+    def __init__(self, body: Any, known: frozenset[str], endpoint: str, *, strict: bool) -> None:
         if not isinstance(body, dict):
             raise invalid(None, f"the request body must be a JSON object, got {describe(body)}")
-        unknown = sorted(set(body) - known)
-        if unknown:
-            raise invalid(unknown[0], f"unrecognized request argument {unknown[0]!r} for {endpoint}")
+        check_unknown(set(body) - known, endpoint, strict, "request argument", "")
         self._body = body
 
     def get(self, name: str, *, required: bool = False) -> Any:
@@ -81,6 +86,40 @@ class BodyFields:
         if value is not None and not isinstance(value, str):
             raise invalid(name, f"{name!r} must be a string, got {describe(value)}")
         return value
+
+
+class IgnoredFieldLog:
+    """Warns once per (where, name) about fields this server ignores; stops naming new ones after
+    _MAX_WARNED_NAMES, with one last warning saying so."""
+
+    def __init__(self) -> None:
+        self._warned: set[tuple[str, str]] = set()
+
+    def warn(self, where: str, names: list[str]) -> None:
+        fresh = [n for n in names if (where, n) not in self._warned]
+        if not fresh or len(self._warned) > _MAX_WARNED_NAMES:
+            return
+        self._warned.update((where, n) for n in fresh)
+        shown = ", ".join(repr(n) for n in fresh)
+        log.warning("ignoring unrecognized field(s) %s of %s (warned once per field; "
+                    "--strict-request-fields refuses them)", shown, where)
+        if len(self._warned) > _MAX_WARNED_NAMES:
+            log.warning("more than %d unrecognized field names seen; further ones are ignored silently",
+                        _MAX_WARNED_NAMES)
+
+
+IGNORED_FIELDS = IgnoredFieldLog()
+
+
+def check_unknown(unknown: set[str], where: str, strict: bool, kind: str, prefix: str) -> None:
+    """Refuse (strict) or ignore with a warning the fields of `where` that this server does not know;
+    `prefix` names the object they sit in ("stream_options.") for the error's param."""
+    if not unknown:
+        return
+    names = sorted(unknown)
+    if strict:
+        raise invalid(f"{prefix}{names[0]}", f"unrecognized {kind} {names[0]!r} for {where}")
+    IGNORED_FIELDS.warn(where, [f"{prefix}{n}" for n in names])
 
 
 def require_noop(fields: BodyFields, name: str, allowed: Sequence[Any], why: str) -> None:

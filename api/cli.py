@@ -3,8 +3,9 @@
 The engine's flags come from procs/args.py (`add_engine_args`, `config_from_args`); this module adds
 the API's own: --host (default 127.0.0.1: not reachable from other machines unless asked),
 --port (8000), --api-key (or the CADENCE_API_KEY environment variable), --served-model-name (the
-name clients send as `model`; default the model's name), and a few limits. `_start_engine` is the
-one place that touches the launcher. The console script entry point is `api.cli:main`.
+name clients send as `model`; default the model's name), --strict-request-fields, and a few
+limits. `_start_engine` is the one place that touches the launcher. The console script entry
+point is `api.cli:main`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from api.protocol import ServedModel
@@ -41,8 +43,22 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                        help=f"largest request body accepted (default: {DEFAULT_MAX_BODY_BYTES})")
     group.add_argument("--request-timeout", type=float, default=600.0,
                        help="seconds a request may go without output before it fails with 504 (default: 600)")
+    group.add_argument("--native-tcp", type=native_tcp_address, default=None, metavar="[HOST:]PORT",
+                       help="let native ZeroMQ clients of other machines connect on this tcp address too "
+                            "(HOST default: 127.0.0.1); with an API key they must present it")
+    group.add_argument("--strict-request-fields", action="store_true",
+                       help="refuse (400) request fields this server does not know (default: ignore them "
+                            "with one warning per field name, as vLLM does)")
     group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     group.add_argument("--access-log", action="store_true", help="log every HTTP request (default: off)")
+
+
+def native_tcp_address(value: str) -> str:
+    """`--native-tcp`'s "[HOST:]PORT" as tcp://HOST:PORT, loopback when HOST is left out."""
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r} is not [HOST:]PORT with a port in 1-65535")
+    return f"tcp://{host or '127.0.0.1'}:{port}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,13 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def api_key_of(args: argparse.Namespace) -> str | None:
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
+
+
 def api_config(args: argparse.Namespace, model: ServedModel, tokenizer_address: str) -> ApiConfig:
+    key = api_key_of(args)
     return ApiConfig(
         model=model,
         tokenizer_address=tokenizer_address,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=key,
+        # The front end wants the key of every client once it listens on tcp, the api process's too.
+        tokenizer_api_key=key if args.native_tcp else None,
         max_body_bytes=args.max_request_bytes,
         timeout_s=args.request_timeout,
+        strict_request_fields=args.strict_request_fields,
     )
 
 
@@ -102,7 +126,9 @@ def _start_engine(args: argparse.Namespace, watch: EngineWatch) -> Iterator[tupl
     engine_config = config_from_args(args)
     name = args.served_model_name or engine_config.model.name
     model = ServedModel(name, engine_config.max_model_len, engine_config.model.generation)
-    with Launcher(engine_config, launch_options_from_args(args), on_fatal=watch) as launcher:
+    options = replace(launch_options_from_args(args), native_tcp=args.native_tcp,
+                      native_api_key=api_key_of(args) if args.native_tcp else None)
+    with Launcher(engine_config, options, on_fatal=watch) as launcher:
         yield model, launcher.endpoints.tokenizer_frontend
 
 
@@ -132,6 +158,9 @@ def serve(args: argparse.Namespace) -> int:
             config = api_config(args, model, tokenizer_address)
             log.info("serving %s on http://%s:%d (tokenizer at %s)%s", model.name, args.host, args.port,
                      tokenizer_address, ", API key required" if config.api_key else "")
+            if args.native_tcp:
+                access = " with the API key" if config.api_key else " (no API key: open to all who reach it)"
+                log.info("native clients on other machines connect to %s%s", args.native_tcp, access)
             watch.app = build_app(config)
             _run_http(watch.app, args, watch)
     finally:

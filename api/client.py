@@ -12,6 +12,9 @@ DEALER socket, in the messages of ipc/messages.py, with request ids of their own
 `SamplingParams(max_tokens=None)` asks for output up to the context: the tokenizer process fills
 in max_model_len minus the prompt's tokens.
 
+Over tcp (`cadence serve --native-tcp HOST:PORT`) to a server with an API key, give the same key:
+`Client("tcp://host:5557", api_key=...)`. A refused key raises ClientError at once.
+
 Every wait has a timeout: the longest silence a caller accepts (`timeout_s`, per call or the
 client's default). When it passes, `ClientTimeout` names the tokenizer's address and the requests
 that got nothing. A request the tokenizer refuses comes back as a Generation with `refused` set
@@ -29,6 +32,7 @@ from dataclasses import replace
 from api.async_client import AsyncClient, RequestGroup
 from api.client_errors import (
     DEFAULT_TIMEOUT_S,
+    HANDSHAKE_CHECK_S,
     SEND_TIMEOUT_S,
     ClientError,
     ClientTimeout,
@@ -61,12 +65,16 @@ class Client:
     """A blocking client for one thread; see the module docstring."""
 
     def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "client",
-                 identity: bytes | None = None) -> None:
+                 identity: bytes | None = None, api_key: str | None = None) -> None:
         self.address = address
         self._problems = ProblemLog(log)
         self.timeout_s = timeout_s
+        # Over tcp or with a key a refusal may come: sends wait in short turns that look for it.
+        watched = api_key is not None or address.startswith("tcp://")
         self._channel = DealerChannel.connect(address, name=f"{name} -> tokenizer {address}",
-                                              identity=identity, send_timeout_s=SEND_TIMEOUT_S)
+                                              identity=identity, api_key=api_key,
+                                              send_timeout_s=HANDSHAKE_CHECK_S if watched else SEND_TIMEOUT_S)
+        self._refusal: str | None = None  # why the tokenizer refused this client's key, once it did
         self._ids = RequestIds("r")
         self._builders: dict[str, GenerationBuilder] = {}  # unfinished, collected whole
         self._streams: dict[str, deque[OutputDelta | RequestFailed]] = {}  # unfinished, streamed
@@ -83,8 +91,9 @@ class Client:
         """Abort what is unfinished and close the socket."""
         if self._channel.closed:
             return
-        for request_id in [*self._builders, *self._streams]:
-            self._send(AbortRequest(request_id))
+        if self._refused() is None:  # a refused connection took nothing, and nothing would go out
+            for request_id in [*self._builders, *self._streams]:
+                self._send(AbortRequest(request_id))
         self._channel.close()
 
     @property
@@ -188,17 +197,37 @@ class Client:
                              f"{describe_ids(request_ids)} within {self._timeout_s(timeout_s)} s")
 
     def _send(self, message: object) -> None:
-        try:
-            self._channel.send(message)
-        except ChannelTimeout as e:
-            raise ClientTimeout(f"the tokenizer at {self.address} did not take a message: {e}") from e
+        deadline = time.monotonic() + SEND_TIMEOUT_S
+        while True:
+            self._raise_if_refused()
+            try:
+                self._channel.send(message)
+                return
+            except ChannelTimeout as e:
+                if time.monotonic() >= deadline:
+                    raise ClientTimeout(f"the tokenizer at {self.address} did not take a message within "
+                                        f"{SEND_TIMEOUT_S} s: {e}") from e
+
+    def _refused(self) -> str | None:
+        """Why the tokenizer refused this client's connection (its API key), once it has."""
+        if self._refusal is None and self._channel.handshakes is not None:
+            self._refusal = self._channel.handshakes.refusal()
+        return self._refusal
+
+    def _raise_if_refused(self) -> None:
+        if self._refused() is not None:
+            raise ClientError(f"the tokenizer at {self.address} {self._refusal}")
 
     def _pump(self, timeout_s: float | None) -> bool:
         """Receive and route the messages that arrive within `timeout_s`; False if none came."""
         deadline = time.monotonic() + self._timeout_s(timeout_s)
         while True:
+            wait_s = max(0.0, deadline - time.monotonic())
+            if self._channel.handshakes is not None:  # over tcp or with a key: was it refused?
+                self._raise_if_refused()
+                wait_s = min(wait_s, HANDSHAKE_CHECK_S)
             try:
-                message = self._channel.recv(max(0.0, deadline - time.monotonic()))
+                message = self._channel.recv(wait_s)
             except CodecError as e:
                 self._problems.warning(f"bad message from the tokenizer at {self.address}", str(e))
                 failure = invalid_message_failure(e)
@@ -206,6 +235,8 @@ class Client:
                     continue
                 message = failure
             if message is None:
+                if time.monotonic() < deadline:
+                    continue
                 return False
             self._route(message)
             return True

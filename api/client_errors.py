@@ -18,6 +18,7 @@ from ipc.messages import GenerateRequest, RequestFailed
 
 DEFAULT_TIMEOUT_S = 120.0  # the longest silence a native client waits through by default
 SEND_TIMEOUT_S = 10.0
+HANDSHAKE_CHECK_S = 0.1  # how often a client with an API key looks for a refused handshake
 
 
 class ClientError(RuntimeError):

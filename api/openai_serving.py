@@ -15,7 +15,8 @@ context overflow (RequestFailed.context) is told from those numbers, naming the 
 (max_completion_tokens where the client used it). An output that carries `error` (the
 engine ended the request) is a 500; a tokenizer that goes silent for the client's timeout is a
 504 naming the tokenizer's address. Once a stream has started, the error is sent as an
-`{"error": ...}` event, then [DONE].
+`{"error": ...}` event, then [DONE]. With stream_options.continuous_usage_stats every chunk of
+output carries the whole call's usage so far (vLLM's per-chunk usage, summed over the choices).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class ChoiceState:
         self.reasoning: list[str] = []  # chat
         self.logprobs: list[dict[str, Any]] = []  # per output, in the endpoint's shape
         self.text_offset = 0
+        self.echoed = False  # completions with echo: the prompt went out before the first text
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
@@ -137,6 +139,8 @@ class _Call:
                 choice = self._choices[output.request_id]
                 choice.update(output, time.monotonic())
                 for chunk in self._chunks(choice, output):
+                    if self.parsed.continuous_usage:
+                        chunk["usage"] = self._usage()
                     yield responses.sse(chunk)
                 if output.error is not None:
                     message = f"the engine ended request {output.request_id}: {output.error}"
@@ -211,8 +215,15 @@ class CompletionCall(_Call):
         choice.text_offset += sum(len(t) for t in output.tokens or [])
         return part
 
+    def _echoed(self, choice: ChoiceState, text: str) -> str:
+        """`text`, after the choice's prompt if the call echoes it and this is the choice's first."""
+        if not self.parsed.echo or choice.echoed:
+            return text
+        choice.echoed = True
+        return (self.parsed.requests[choice.index].prompt or "") + text
+
     def _accumulate(self, choice: ChoiceState, output: OutputDelta) -> None:
-        choice.text.append(output.text)
+        choice.text.append(self._echoed(choice, output.text))
         part = self._logprobs(choice, output)
         if part is not None:
             choice.logprobs.append(part)
@@ -234,7 +245,8 @@ class CompletionCall(_Call):
         logprobs = self._logprobs(choice, output)
         if not (output.text or output.token_ids or output.finished):
             return []
-        return [self._chunk([responses.completion_choice(choice.index, output.text, output.finish_reason,
+        text = self._echoed(choice, output.text)
+        return [self._chunk([responses.completion_choice(choice.index, text, output.finish_reason,
                                                          output.stop_reason, logprobs)])]
 
 

@@ -11,9 +11,15 @@ Choices of this server, where OpenAI and vLLM leave room:
 
 * A field given as `null` counts as left out. Fields left out take the checkpoint's generation
   defaults (temperature, top_p, top_k, min_p, repetition_penalty), as vLLM does.
-* Unknown fields are refused (400, `param` = the field), so a typo never silently changes nothing.
-  A few OpenAI fields this server cannot honour are accepted only at their no-op value (`echo`
-  false, `logit_bias` empty, `tools` empty, `response_format` text, ...).
+* Unknown fields are ignored with one warning per field name, as vLLM does: routers and SDKs add
+  fields of their own (the SGLang gateway's `no_stop_trim`, `continue_final_message`). With
+  `strict_fields` (`--strict-request-fields`) they are refused (400, `param` = the field), so a typo
+  never silently changes nothing. Bad values of known fields are refused either way. A few OpenAI
+  fields this server cannot honour are accepted only at their no-op value (`logit_bias` empty,
+  `tools` empty, `response_format` text, ...).
+* `echo` (completions) puts the prompt before each choice's text, for prompts given as text and
+  without `logprobs` (the prompt's logprobs are not computed yet).
+* `stream_options.continuous_usage_stats` (vLLM's): every chunk carries the usage so far.
 * `max_tokens` left out means "up to the context length": max_model_len minus the prompt. The api
   process neither tokenizes nor renders chats, so the request goes out with max_tokens None and the
   tokenizer process, which counts the prompt's tokens, fills in the exact room (or refuses a prompt
@@ -33,7 +39,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from api.body_fields import BodyFields, describe, is_int, is_token_id, require_noop
+from api.body_fields import BodyFields, check_unknown, describe, is_int, is_token_id, require_noop
 from api.chat_messages import parse_messages, parse_template_kwargs
 from api.errors import ApiError, invalid
 from core.config import GenerationDefaults
@@ -82,8 +88,10 @@ class ParsedRequest:
     n: int
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with usage
+    continuous_usage: bool  # stream_options.continuous_usage_stats: the usage so far in every chunk
     logprobs: int | None  # None: no logprobs; k: the sampled token's and the top k
     max_tokens_field: str  # how the client named max_tokens: "max_tokens" or "max_completion_tokens"
+    echo: bool = False  # completions: each choice's text starts with its prompt
 
     @property
     def num_prompts(self) -> int:
@@ -100,21 +108,29 @@ def parse_json_body(raw: bytes) -> Any:
         raise invalid(None, f"the request body is not valid JSON: {e}") from None
 
 
-def parse_completion_request(body: Any, model: ServedModel, request_id: str) -> ParsedRequest:
-    """A /v1/completions body -> one GenerateRequest per (prompt, choice)."""
-    fields = BodyFields(body, COMPLETION_FIELDS, "/v1/completions")
+def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
+                             strict_fields: bool = False) -> ParsedRequest:
+    """A /v1/completions body -> one GenerateRequest per (prompt, choice). `strict_fields` refuses
+    fields this server does not know instead of ignoring them."""
+    fields = BodyFields(body, COMPLETION_FIELDS, "/v1/completions", strict=strict_fields)
     model_name = _check_model(fields, model)
     prompts = _parse_prompts(fields)
-    require_noop(fields, "echo", (False,), "echo is not supported")
+    echo = fields.bool("echo", False)
     require_noop(fields, "suffix", ("",), "suffix is not supported")
     logprobs = fields.int("logprobs", 0, MAX_LOGPROBS)
+    if echo and logprobs is not None:
+        raise invalid("echo", "echo with logprobs is not supported: this server does not compute the "
+                      "prompt's logprobs yet (echo without logprobs is)")
+    if echo and isinstance(prompts[0], list):
+        raise invalid("echo", "echo of a token-id prompt is not supported (the API process does not "
+                      "detokenize); send the prompt as text")
     n = _parse_n(fields, len(prompts))
     best_of = fields.int("best_of", 1, MAX_CHOICES)
     if best_of is not None and best_of != n:
         raise invalid("best_of", f"best_of must equal n ({n}) when given (choices are not ranked), "
                       f"got {best_of}")
     max_tokens = fields.int("max_tokens", None, None)
-    stream, include_usage = _parse_stream(fields)
+    stream, include_usage, continuous_usage = _parse_stream(fields, "/v1/completions", strict_fields)
     skip_special = fields.bool("skip_special_tokens", True)
     params = _sampling_params(fields, model, max_tokens, "max_tokens", logprobs, "logprobs")
     requests = []
@@ -128,13 +144,15 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str) -> 
                 stream=True,
                 skip_special_tokens=skip_special,
             ))
-    return ParsedRequest("completions", model_name, tuple(requests), n, stream, include_usage, logprobs,
-                         "max_tokens")
+    return ParsedRequest("completions", model_name, tuple(requests), n, stream, include_usage,
+                         continuous_usage, logprobs, "max_tokens", echo)
 
 
-def parse_chat_request(body: Any, model: ServedModel, request_id: str) -> ParsedRequest:
-    """A /v1/chat/completions body -> n GenerateRequests of one chat."""
-    fields = BodyFields(body, CHAT_FIELDS, "/v1/chat/completions")
+def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
+                       strict_fields: bool = False) -> ParsedRequest:
+    """A /v1/chat/completions body -> n GenerateRequests of one chat. `strict_fields` refuses
+    fields this server does not know instead of ignoring them."""
+    fields = BodyFields(body, CHAT_FIELDS, "/v1/chat/completions", strict=strict_fields)
     model_name = _check_model(fields, model)
     messages = parse_messages(fields.get("messages", required=True))
     enable_thinking = parse_template_kwargs(fields)
@@ -156,7 +174,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str) -> Parsed
     max_tokens = max_completion_tokens
     if max_tokens is None:
         max_tokens = fields.int("max_tokens", None, None)
-    stream, include_usage = _parse_stream(fields)
+    stream, include_usage, continuous_usage = _parse_stream(fields, "/v1/chat/completions", strict_fields)
     skip_special = fields.bool("skip_special_tokens", True)
     logprobs_field = "top_logprobs" if top_logprobs else "logprobs"
     params = _sampling_params(fields, model, max_tokens, max_field, logprobs, logprobs_field)
@@ -172,7 +190,8 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str) -> Parsed
         )
         for i in range(n)
     )
-    return ParsedRequest("chat", model_name, requests, n, stream, include_usage, logprobs, max_field)
+    return ParsedRequest("chat", model_name, requests, n, stream, include_usage, continuous_usage, logprobs,
+                         max_field)
 
 
 # --- parts of a request ---------------------------------------------------------------------------
@@ -197,27 +216,31 @@ def _parse_n(fields: BodyFields, num_prompts: int) -> int:
     return n
 
 
-def _parse_stream(fields: BodyFields) -> tuple[bool, bool]:
+def _parse_stream(fields: BodyFields, endpoint: str, strict: bool) -> tuple[bool, bool, bool]:
+    """stream, stream_options.include_usage, stream_options.continuous_usage_stats."""
     stream = fields.bool("stream", False)
     options = fields.get("stream_options")
     if options is None:
-        return stream, False
+        return stream, False, False
     if not stream:
         raise invalid("stream_options", "stream_options is only allowed when stream is true")
     if not isinstance(options, dict):
         raise invalid("stream_options", f"'stream_options' must be an object, got {describe(options)}")
-    unknown = sorted(set(options) - {"include_usage", "continuous_usage_stats"})
-    if unknown:
-        raise invalid(f"stream_options.{unknown[0]}", f"unrecognized stream option {unknown[0]!r}")
-    if options.get("continuous_usage_stats"):
-        raise invalid("stream_options.continuous_usage_stats", "continuous_usage_stats is not supported")
-    include_usage = options.get("include_usage", False)
-    if include_usage is None:
-        include_usage = False
-    if not isinstance(include_usage, bool):
-        raise invalid("stream_options.include_usage",
-                      f"'stream_options.include_usage' must be a boolean, got {describe(include_usage)}")
-    return stream, include_usage
+    check_unknown(set(options) - {"include_usage", "continuous_usage_stats"}, endpoint, strict,
+                  "stream option", "stream_options.")
+    include_usage, continuous = (_stream_option(options, name) for name in ("include_usage",
+                                                                            "continuous_usage_stats"))
+    return stream, include_usage, include_usage and continuous  # as vLLM: per-chunk usage needs both
+
+
+def _stream_option(options: dict[str, Any], name: str) -> bool:
+    value = options.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(f"stream_options.{name}",
+                      f"'stream_options.{name}' must be a boolean, got {describe(value)}")
+    return value
 
 
 def _parse_prompts(fields: BodyFields) -> list[str | list[int]]:

@@ -3,7 +3,10 @@
 Routes:
 * POST /v1/completions, POST /v1/chat/completions: stream true (SSE) or false; see
   api/openai_serving.py for how one call runs, api/protocol.py for what a body may hold.
-* GET /v1/models: the one served model.
+* GET /v1/models: the one served model; GET /v1/models/{id}: it again, or 404.
+* GET /get_model_info, /model_info, /get_server_info, /server_info: the SGLang runtime's names for
+  what the model is, which the SGLang Model Gateway (`sglang_router`) asks every worker it
+  registers; without them it lists the model as "unknown" (docs/deploy.md).
 * GET /health: 200 while the engine serves (ServerInfo.serving), 503 when it does not or when the
   tokenizer does not answer; the body says why.
 * GET /metrics: Prometheus text (api/metrics.py). GET /version.
@@ -58,9 +61,11 @@ class ApiConfig:
     model: ServedModel
     tokenizer_address: str  # the tokenizer's ROUTER (Launcher.endpoints.tokenizer_frontend)
     api_key: str | None = None  # None: /v1/ routes are open
+    tokenizer_api_key: str | None = None  # presented to the tokenizer's front end when it requires one
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     timeout_s: float = 600.0  # the longest a request may go without an output before a 504
     info_timeout_s: float = 5.0  # /health and /metrics wait this long for the engine's state
+    strict_request_fields: bool = False  # refuse (400) body fields this server does not know
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key:
@@ -127,7 +132,8 @@ class ApiServer:
     def __init__(self, config: ApiConfig) -> None:
         self.config = config
         self.metrics = ApiMetrics(config.model.name)
-        self.client = AsyncClient(config.tokenizer_address, timeout_s=config.timeout_s, name="api server")
+        self.client = AsyncClient(config.tokenizer_address, timeout_s=config.timeout_s, name="api server",
+                                  api_key=config.tokenizer_api_key)
         self.created = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -156,15 +162,14 @@ class ApiServer:
     async def chat_completions(self, request: Request) -> Response:
         return await self._serve(request, parse_chat_request, "chatcmpl")
 
-    async def _serve(self, request: Request, parse: Callable[[Any, ServedModel, str], ParsedRequest],
-                     id_prefix: str) -> Response:
+    async def _serve(self, request: Request, parse: Callable[..., ParsedRequest], id_prefix: str) -> Response:
         start_s = time.monotonic()
         try:
             body = parse_json_body(await self._read_body(request))
         except ClientDisconnect:
             return Response(status_code=499)  # gone before its body arrived; nothing was sent yet
         call_id = f"{id_prefix}-{uuid.uuid4().hex}"
-        parsed = parse(body, self.config.model, call_id)
+        parsed = parse(body, self.config.model, call_id, strict_fields=self.config.strict_request_fields)
         call = make_call(parsed, self.client, self.metrics, call_id, start_s)
         streaming = False
         try:
@@ -197,12 +202,29 @@ class ApiServer:
 
     # --- state ---------------------------------------------------------------------------------------
 
-    async def models(self, request: Request) -> Response:
+    def _model_card(self) -> dict[str, Any]:
         model = self.config.model
-        return JSONResponse({"object": "list", "data": [{
-            "id": model.name, "object": "model", "created": self.created, "owned_by": "cadence",
-            "root": model.name, "parent": None, "max_model_len": model.max_model_len,
-        }]})
+        return {"id": model.name, "object": "model", "created": self.created, "owned_by": "cadence",
+                "root": model.name, "parent": None, "max_model_len": model.max_model_len}
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model_id"]
+        if name != self.config.model.name:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves "
+                           f"{self.config.model.name!r}", "model", NOT_FOUND)
+        return JSONResponse(self._model_card())
+
+    async def model_info(self, request: Request) -> Response:
+        """The SGLang runtime's model and server info, in its field names (a router's view of us). The
+        SGLang Model Gateway names the model by served_model_name; given a model_path it would also
+        try to fetch a tokenizer from there (the Hugging Face hub), which it does not need to route."""
+        model = self.config.model
+        return JSONResponse({"model_path": None, "tokenizer_path": None,
+                             "served_model_name": model.name, "is_generation": True,
+                             "context_length": model.max_model_len, "max_model_len": model.max_model_len})
 
     async def health(self, request: Request) -> Response:
         try:
@@ -275,6 +297,9 @@ def build_app(config: ApiConfig) -> Starlette:
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", server.model, methods=["GET"]),
+        *(Route(path, server.model_info, methods=["GET"])
+          for path in ("/get_model_info", "/model_info", "/get_server_info", "/server_info")),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
         Route("/version", server.version, methods=["GET"]),

@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zmq-address", help="the tokenizer's ZeroMQ address, printed by the server at start")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer <key>' (http backend)")
     p.add_argument(
+        "--text-prompts",
+        action="store_true",
+        help="send the random and shared-prefix prompts as text, one word per token id (http backend; "
+        "for routers that refuse token-id prompts, such as the SGLang Model Gateway)",
+    )
+    p.add_argument(
         "--dataset",
         choices=("random", "shared-prefix", "multi-turn"),
         default="random",
@@ -182,7 +188,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
     else:
-        backend = HttpBackend(args.base_url, args.api_key, args.timeout, sampling_of(args))
+        backend = HttpBackend(args.base_url, args.api_key, args.timeout, sampling_of(args), args.text_prompts)
     await backend.start()
     try:
         specs = build_dataset(args)

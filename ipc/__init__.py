@@ -10,4 +10,5 @@ What the processes say to each other, in one place:
     shm_ring.py     the shared-memory ring of plan slots, its header words and doorbell protocol
     channels.py     ZeroMQ sockets that carry envelopes and frames
     endpoints.py    the addresses those sockets bind and connect to
+    native_auth.py  the API key that native clients over tcp present to the tokenizer's front end
 """

@@ -16,6 +16,8 @@ Receiving, the contract a process loop relies on:
 Sending blocks at most `send_timeout_s` (a PUSH with no peer would otherwise block forever) and then
 raises `ChannelTimeout`. Any message may carry extra raw frames after its envelope (`frames=`),
 sent without copying, for bulk payloads; `recv_with_frames` returns them as memoryviews.
+
+A RouterChannel may require the API key of the DealerChannels that connect (ipc/native_auth.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from ipc.codec import CodecError, decode, encode, type_name
+from ipc.native_auth import HandshakeWatch, present_key, require_key
 
 Buffer = bytes | bytearray | memoryview
 
@@ -228,17 +231,31 @@ class SubChannel(_Receiver):
 
 
 class DealerChannel(_Sender, _Receiver):
-    """The peer of a RouterChannel; `identity` is the routing id the router sees (random if None)."""
+    """The peer of a RouterChannel; `identity` is the routing id the router sees (random if None).
+    With `api_key` it presents the key to a router that requires one (ipc/native_auth.py); with a
+    key or over tcp, `handshakes` tells whether the router refused the connection."""
 
     socket_type = zmq.DEALER
 
-    def __init__(self, address: str, *, identity: bytes | None = None, **kwargs: Any) -> None:
+    def __init__(self, address: str, *, identity: bytes | None = None, api_key: str | None = None,
+                 **kwargs: Any) -> None:
         self._identity = identity
+        self._api_key = api_key
+        self.handshakes: HandshakeWatch | None = None
         super().__init__(address, **kwargs)
 
     def _configure(self, socket: zmq.Socket) -> None:
         if self._identity is not None:
             socket.routing_id = self._identity
+        if self._api_key is not None:
+            present_key(socket, self._api_key)
+        if self._api_key is not None or self.address.startswith("tcp://"):
+            self.handshakes = HandshakeWatch(socket)
+
+    def close(self) -> None:
+        if self.handshakes is not None:
+            self.handshakes.close()
+        super().close()
 
 
 class RouterChannel(Channel):
@@ -248,8 +265,23 @@ class RouterChannel(Channel):
     socket_type = zmq.ROUTER
     _num_prefix_frames = 1
 
+    def __init__(self, address: str, *, key_required: bool = False, **kwargs: Any) -> None:
+        """`key_required`: take only connections that present the API key (ipc/native_auth.py; the
+        process must run its start_key_check)."""
+        self._key_required = key_required
+        super().__init__(address, **kwargs)
+
     def _configure(self, socket: zmq.Socket) -> None:
         socket.router_mandatory = True
+        if self._key_required:
+            require_key(socket)
+
+    def also_bind(self, address: str) -> None:
+        """Listen on a second address too (the tokenizer's front end: ipc and tcp)."""
+        try:
+            self._socket.bind(address)
+        except zmq.ZMQError as e:
+            raise ChannelError(f"channel {self.name}: cannot bind {address}: {e}") from e
 
     def recv(self, timeout_s: float) -> Routed | None:
         """The next (identity, message), or None on timeout; CodecError (frame consumed) if bad."""

@@ -327,3 +327,5 @@ class TokenizerSpec:
     frontend: str  # ROUTER for clients
     to_scheduler: str  # PUSH
     from_scheduler: str  # PULL
+    frontend_tcp: str | None = None  # tcp://host:port the ROUTER listens on too (remote native clients)
+    api_key: str | None = None  # with frontend_tcp: every client of the ROUTER must present it

@@ -19,3 +19,13 @@ class LaunchOptions:
     step_timeout_s: float = 30.0
     shutdown_timeout_s: float = 10.0  # per stage, before SIGKILL
     runtime_root: str | None = None  # where the private socket directory goes (tests)
+    # tcp://host:port the tokenizer's front end listens on too, for native clients on other machines
+    native_tcp: str | None = None
+    # with native_tcp: the key every client of the front end presents (ipc/native_auth.py); None: open
+    native_api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.native_tcp is not None and not self.native_tcp.startswith("tcp://"):
+            raise ValueError(f"native_tcp must be a tcp://host:port address, got {self.native_tcp!r}")
+        if self.native_api_key is not None and not self.native_api_key:
+            raise ValueError("native_api_key must not be empty (use None for no key)")

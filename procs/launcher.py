@@ -123,7 +123,8 @@ class Launcher:
             self.tokenizer = self._spawn("tokenizer", run_tokenizer, TokenizerSpec(
                 config, options.served_model_name or config.model.name,
                 options.tokenizer_path or config.model.model_path,
-                eps.tokenizer_frontend, eps.scheduler_input, eps.tokenizer_output))
+                eps.tokenizer_frontend, eps.scheduler_input, eps.tokenizer_output,
+                options.native_tcp, options.native_api_key))
             deadline = time.monotonic() + options.startup_timeout_s
             self._await_ready([*self.executors, self.tokenizer], deadline)
             num_pages = [min(c.ready.num_pages for c in r.executors) for r in self.replicas]

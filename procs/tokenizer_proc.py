@@ -11,7 +11,8 @@ requests is tokenized on a few threads at once when the tokenizer allows it (the
 vocabulary does), then forwarded in arrival order. A stop string found in the streamed text ends
 the request with finish_reason "stop" and tells the scheduler to abort it, so its pages are freed
 at once. A client that has gone away (its socket is no longer connected) has its requests aborted
-the same way.
+the same way. With `--native-tcp` the ROUTER listens on a tcp address too, for native clients on
+other machines; with an API key as well, every client must present it (ipc/native_auth.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from ipc.messages import (
     TokenizerSpec,
     TopLogprob,
 )
+from ipc.native_auth import start_key_check
 from procs.child import become, parent_alive, run_actor
 from procs.problem_log import ProblemLog
 from procs.prompt_checks import PromptError, fit_to_context, template_message
@@ -99,8 +101,13 @@ class TokenizerProcess:
         self.log = log
         self.max_model_len = spec.config.max_model_len
         self.vocab_size = spec.config.model.vocab_size
+        # Listening on tcp with an API key: every client presents it, the api process's too.
+        self.key_check = start_key_check(spec.api_key) if spec.frontend_tcp and spec.api_key else None
         self.frontend = RouterChannel.bind(spec.frontend, name="tokenizer frontend",
-                                           send_timeout_s=_CLIENT_SEND_TIMEOUT_S)
+                                           send_timeout_s=_CLIENT_SEND_TIMEOUT_S,
+                                           key_required=self.key_check is not None)
+        if spec.frontend_tcp:
+            self.frontend.also_bind(spec.frontend_tcp)
         self.to_scheduler = PushChannel.connect(spec.to_scheduler, name="requests to the scheduler")
         self.from_scheduler = PullChannel.bind(spec.from_scheduler, name="scheduler outputs",
                                                types=(TokenDeltas, Rejected, SchedulerStatus))
@@ -357,6 +364,8 @@ class TokenizerProcess:
         self.frontend.close()
         self.to_scheduler.close()
         self.from_scheduler.close()
+        if self.key_check is not None:
+            self.key_check.stop()
 
 
 def _internal_id(identity: bytes, request_id: str) -> str:

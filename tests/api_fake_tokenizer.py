@@ -20,6 +20,7 @@ Every message received is kept in `received` for tests to check (aborts, seeds, 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shutil
 import tempfile
@@ -42,6 +43,7 @@ from ipc.messages import (
     ServerInfoQuery,
     TopLogprob,
 )
+from ipc.native_auth import start_key_check
 from procs.prompt_checks import PromptError, fit_to_context, template_message
 
 THINK_OPEN_ID, THINK_CLOSE_ID = 151667, 151668
@@ -81,11 +83,21 @@ class _Generation:
     sent_first: bool = False
 
 
+class _Stoppable:
+    def __init__(self, key_check) -> None:
+        self._key_check = key_check
+
+    def close(self) -> None:
+        if self._key_check is not None:
+            self._key_check.stop()
+
+
 class FakeTokenizer:
     def __init__(self, address: str | None = None, *, model: str = "qwen3-tiny", max_model_len: int = 4096,
                  reply: Callable[[GenerateRequest], list[str]] = default_reply,
-                 step_s: float = 0.001) -> None:
+                 step_s: float = 0.001, api_key: str | None = None) -> None:
         self._tmpdir = None
+        self.api_key = api_key  # with a tcp address: clients must present it (ipc/native_auth.py)
         if address is None:
             self._tmpdir = tempfile.mkdtemp(prefix="cad-fake-")
             address = f"ipc://{self._tmpdir}/tok.sock"
@@ -143,14 +155,16 @@ class FakeTokenizer:
     # --- the loop ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        key_check = start_key_check(self.api_key) if self.api_key is not None else None
         try:
-            router = RouterChannel.bind(self.address, name="fake tokenizer")
+            router = RouterChannel.bind(self.address, name="fake tokenizer",
+                                        key_required=key_check is not None)
         except BaseException as e:
             self._error = e
             self._ready.set()
             return
         self._ready.set()
-        with router:
+        with router, contextlib.closing(_Stoppable(key_check)):
             next_step = time.monotonic()
             while not self._stop.is_set():
                 wait = max(0.0, next_step - time.monotonic()) if self._active else 0.02

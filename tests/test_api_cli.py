@@ -105,3 +105,17 @@ def test_a_startup_failure_is_one_line_and_exit_code_1(monkeypatch, capsys):
     assert cli.main(["serve", "--device", "cpu"]) == 1
     assert capsys.readouterr().err.strip() == (
         "cadence serve: RuntimeError: executor dp=0 tp=0 did not start: CUDA out of memory")
+
+
+@pytest.mark.parametrize(("given", "address"), [("5557", "tcp://127.0.0.1:5557"),
+                                                ("0.0.0.0:5557", "tcp://0.0.0.0:5557")])
+def test_native_tcp_takes_a_port_on_loopback_or_a_host_and_port(given, address):
+    args = cli.build_parser().parse_args(["serve", "--native-tcp", given])
+    assert args.native_tcp == address
+
+
+@pytest.mark.parametrize("given", ["host", "host:0", "host:70000", ":x"])
+def test_native_tcp_refuses_what_is_not_a_port(given, capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--native-tcp", given])
+    assert "[HOST:]PORT" in capsys.readouterr().err

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 
 import pytest
 from api_fake_tokenizer import COMPLETION_REPLY, FakeTokenizer
 
-from api.client import AsyncClient, Client, ClientTimeout, RequestRefused
+from api.client import AsyncClient, Client, ClientError, ClientTimeout, RequestRefused
 from core.sampling_params import SamplingParams
 from ipc.messages import AbortRequest, ChatTurn, ContextOverflow, GenerateRequest, ServerInfoQuery
 
@@ -18,6 +20,12 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 def fake():
     with FakeTokenizer() as fake:
         yield fake
+
+
+def free_tcp_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def unused_address(tmp_path) -> str:
@@ -210,3 +218,41 @@ def test_async_concurrent_server_info_queries_share_one(fake):
     infos = asyncio.run(main())
     assert all(i.serving and i.model == "qwen3-tiny" for i in infos)
     assert len(fake.of_type(ServerInfoQuery)) == 1
+
+
+# --- over tcp, with an API key ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def keyed():
+    with FakeTokenizer(free_tcp_address(), api_key="right key") as fake:
+        yield fake
+
+
+def test_over_tcp_the_right_key_is_served(keyed):
+    with Client(keyed.address, api_key="right key", timeout_s=10) as client:
+        (result,) = client.generate(["hello"], GREEDY)
+    assert result.ok and result.text == "".join(COMPLETION_REPLY)
+
+
+@pytest.mark.parametrize(("key", "says"), [("wrong key", "refused the API key"),
+                                           (None, "requires an API key")])
+def test_over_tcp_a_wrong_or_missing_key_is_refused_at_once(keyed, key, says):
+    started = time.monotonic()
+    with Client(keyed.address, api_key=key, timeout_s=30) as client, pytest.raises(ClientError) as info:
+        client.generate(["hello"], GREEDY)
+    assert time.monotonic() - started < 5
+    assert says in str(info.value) and keyed.address in str(info.value)
+    assert keyed.of_type(GenerateRequest) == []  # nothing of theirs reached the tokenizer
+
+
+def test_async_over_tcp_a_wrong_key_fails_the_call_and_the_right_one_is_served(keyed):
+    async def run():
+        async with AsyncClient(keyed.address, api_key="wrong", timeout_s=30) as client:
+            with pytest.raises(ClientError, match="refused the API key"):
+                await client.generate(["hello"], GREEDY)
+        async with AsyncClient(keyed.address, api_key="right key", timeout_s=10) as client:
+            return await client.generate(["hello"], GREEDY)
+
+    (result,) = asyncio.run(asyncio.wait_for(run(), 20))
+    assert result.ok

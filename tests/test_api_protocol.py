@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api import responses
+from api import body_fields, responses
 from api.errors import ApiError
 from api.protocol import (
     MAX_CHOICES,
@@ -129,7 +129,8 @@ MALFORMED = [
      "unknown chat template argument"),
     ("chat", {**CHAT, "chat_template_kwargs": "thinking"}, 400, "chat_template_kwargs", "must be an object"),
     # fields this server only takes at their no-op value
-    ("completions", {**COMPLETION, "echo": True}, 400, "echo", "echo is not supported"),
+    ("completions", {**COMPLETION, "echo": True, "logprobs": 1}, 400, "echo", "prompt's logprobs"),
+    ("completions", {"prompt": [1, 2], "echo": True}, 400, "echo", "send the prompt as text"),
     ("completions", {**COMPLETION, "suffix": "end"}, 400, "suffix", "not supported"),
     ("completions", {**COMPLETION, "logit_bias": {"50256": -100}}, 400, "logit_bias", "not supported"),
     ("chat", {**CHAT, "tools": [{"type": "function"}]}, 400, "tools", "tools are not supported"),
@@ -143,7 +144,7 @@ MALFORMED = [
 def test_malformed_request_gets_status_param_and_message(endpoint, body, status, param, message):
     parse = parse_completion_request if endpoint == "completions" else parse_chat_request
     with pytest.raises(ApiError) as info:
-        parse(body, MODEL, "id-1")
+        parse(body, MODEL, "id-1", strict_fields=True)
     error = info.value
     assert (error.status, error.param) == (status, param), error.message
     assert message in error.message
@@ -153,6 +154,40 @@ def test_malformed_request_gets_status_param_and_message(endpoint, body, status,
 
 def test_the_table_has_at_least_forty_rows():
     assert len(MALFORMED) >= 40
+
+
+UNKNOWN_FIELD_ROWS = {"foo", "functions", "stream_options.verbose"}
+
+
+@pytest.mark.parametrize(("endpoint", "body", "status", "param", "message"),
+                         [row for row in MALFORMED if row[3] not in UNKNOWN_FIELD_ROWS])
+def test_bad_values_of_known_fields_are_refused_without_strict_fields_too(endpoint, body, status, param,
+                                                                          message):
+    parse = parse_completion_request if endpoint == "completions" else parse_chat_request
+    with pytest.raises(ApiError) as info:
+        parse(body, MODEL, "id-1")
+    assert (info.value.status, info.value.param) == (status, param)
+
+
+def test_unknown_fields_are_ignored_with_one_warning_per_name(caplog, monkeypatch):
+    monkeypatch.setattr(body_fields, "IGNORED_FIELDS", body_fields.IgnoredFieldLog())
+    # What the SGLang Model Gateway adds to every body it forwards.
+    router_fields = {"no_stop_trim": False, "return_hidden_states": False, "separate_reasoning": True}
+    with caplog.at_level("WARNING", logger="cadence.api"):
+        parsed = completion(**router_fields, max_tokens=3)
+        completion(**router_fields)
+        chat(continue_final_message=False, stream=True, stream_options={"include_usage": True, "x_new": 1})
+    assert parsed.requests[0].params.max_tokens == 3
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3, warnings  # the second completion names nothing new
+    assert all(f"'{name}'" in warnings[0] for name in router_fields) and "/v1/completions" in warnings[0]
+    assert "'continue_final_message'" in warnings[1] and "'stream_options.x_new'" in warnings[2]
+
+
+def test_strict_fields_refuse_what_the_router_adds():
+    with pytest.raises(ApiError) as info:
+        parse_completion_request({**COMPLETION, "no_stop_trim": False}, MODEL, "id-1", strict_fields=True)
+    assert (info.value.status, info.value.param) == (400, "no_stop_trim")
 
 
 @pytest.mark.parametrize(("raw", "message"), [
@@ -270,6 +305,13 @@ def test_stream_options_and_model_name():
     assert (parsed.stream, parsed.include_usage, parsed.model, parsed.endpoint) == (True, True, "qwen3-tiny",
                                                                                    "chat")
     assert completion(stream=True).include_usage is False
+
+
+def test_continuous_usage_stats_takes_include_usage_as_vllm_does():
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    assert completion(stream=True, stream_options=both).continuous_usage is True
+    assert chat(stream=True, stream_options={"continuous_usage_stats": True}).continuous_usage is False
+    assert completion(stream=True, stream_options={"include_usage": True}).continuous_usage is False
 
 
 def test_noop_values_of_unsupported_fields_are_accepted():

@@ -12,7 +12,7 @@ import pytest
 from api_http import UvicornThread, get, post, sse_events
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.client import Client
+from api.client import Client, ClientError
 from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -26,16 +26,31 @@ MAX_MODEL_LEN = 512
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
+KEY = "native key"
+
+
+def free_tcp_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
 @pytest.fixture(scope="module")
 def system():
+    """The REST server on the tokenizer's ipc address; native clients over loopback tcp with KEY,
+    which the front end requires of every client once it listens on tcp (the REST server's too)."""
     config = EngineConfig(model=ModelConfig.from_name("qwen3-tiny"), cache=CacheConfig(num_pages=256),
                           scheduler=SchedulerConfig(max_model_len=MAX_MODEL_LEN, max_num_seqs=32,
                                                     max_num_batched_tokens=256), device="cpu")
-    with Launcher(config, LaunchOptions(served_model_name="tiny", startup_timeout_s=180)) as launcher:
+    tcp = free_tcp_address()
+    options = LaunchOptions(served_model_name="tiny", startup_timeout_s=180, native_tcp=tcp,
+                            native_api_key=KEY)
+    with Launcher(config, options) as launcher:
         address = launcher.endpoints.tokenizer_frontend
         model = ServedModel("tiny", config.max_model_len, config.model.generation)
-        with UvicornThread(build_app(ApiConfig(model, address, timeout_s=60))) as server:
-            yield server.port, address
+        api = ApiConfig(model, address, timeout_s=60, tokenizer_api_key=KEY)
+        with UvicornThread(build_app(api)) as server:
+            yield server.port, tcp
 
 
 def stream_then_disconnect(port: int, body: dict, num_events: int) -> bytes:
@@ -77,14 +92,14 @@ def test_streamed_greedy_text_equals_whole_and_the_native_clients(system):
     events = sse_events(post(port, "/v1/completions", {**body, "stream": True}))
     assert events[-1] == "[DONE]"
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == whole["text"]
-    with Client(address, timeout_s=60) as client:
+    with Client(address, timeout_s=60, api_key=KEY) as client:
         (native,) = client.generate([body["prompt"]], SamplingParams(max_tokens=8, temperature=0))
     assert native.text == whole["text"] and native.finish_reason == whole["finish_reason"] == "length"
 
 
 def test_a_native_batch_and_a_context_refusal(system):
     _, address = system
-    with Client(address, timeout_s=60) as client:
+    with Client(address, timeout_s=60, api_key=KEY) as client:
         results = client.generate([f"Count to {i}:" for i in range(20)], SamplingParams(max_tokens=3))
         too_long = client.generate([list(range(1, MAX_MODEL_LEN + 1))], SamplingParams(max_tokens=3))[0]
     assert all(r.ok and r.num_output_tokens == 3 for r in results)
@@ -135,9 +150,17 @@ def test_an_earlier_turns_reasoning_content_is_left_out_by_the_template(system):
     _, address = system
     chat = [ChatTurn("user", "What is 2+2?"), ChatTurn("assistant", "4", reasoning_content="Add them."),
             ChatTurn("user", "And 3+3?")]
-    with Client(address, timeout_s=60) as client:
+    with Client(address, timeout_s=60, api_key=KEY) as client:
         (result,) = client.generate([chat], SamplingParams(max_tokens=1), detokenize=False)
     assert result.ok, result
     assert load_tokenizer(None).decode(result.prompt_token_ids) == (
         "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
         "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_native_clients_over_tcp_with_a_wrong_key_or_none_are_refused(system):
+    _, address = system
+    for key in ("wrong", None):
+        with Client(address, timeout_s=60, api_key=key) as client, pytest.raises(ClientError) as info:
+            client.generate(["Hello"], SamplingParams(max_tokens=2))
+        assert "refused" in str(info.value)

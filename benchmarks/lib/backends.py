@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from benchmarks.lib.datasets import RequestSpec
+from benchmarks.lib.datasets import RequestSpec, ids_as_words
 
 SAMPLING_MODES = ("greedy", "model-defaults")
 
@@ -78,10 +78,11 @@ class HttpBackend:
     """POST /v1/completions (token ids) or /v1/chat/completions (multi-turn), stream=true."""
 
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float,
-                 sampling: Sampling = Sampling()) -> None:
+                 sampling: Sampling = Sampling(), text_prompts: bool = False) -> None:
         import aiohttp
 
         self.sampling_fields = sampling.fields()
+        self.text_prompts = text_prompts  # send token-id prompts as text (datasets.ids_as_words)
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session = aiohttp.ClientSession(
@@ -93,7 +94,8 @@ class HttpBackend:
     async def start(self) -> None:
         async with self._session.get(f"{self.base_url}/v1/models", headers=self._headers) as response:
             response.raise_for_status()
-            self.model = (await response.json())["data"][0]["id"]
+            # content_type=None: the SGLang Model Gateway labels its JSON text/plain.
+            self.model = (await response.json(content_type=None))["data"][0]["id"]
 
     async def close(self) -> None:
         await self._session.close()
@@ -108,7 +110,8 @@ class HttpBackend:
             "stream_options": {"include_usage": True},
         }
         if spec.prompt_token_ids is not None:
-            url, body["prompt"] = f"{self.base_url}/v1/completions", spec.prompt_token_ids
+            prompt = ids_as_words(spec.prompt_token_ids) if self.text_prompts else spec.prompt_token_ids
+            url, body["prompt"] = f"{self.base_url}/v1/completions", prompt
         else:
             url, body["messages"] = f"{self.base_url}/v1/chat/completions", history
         timing = RequestTiming(time.perf_counter())
@@ -152,17 +155,14 @@ class HttpBackend:
             timing.cached_tokens = details.get("cached_tokens") or 0
 
     async def gauges(self) -> ServerGauges | None:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        try:
-            async with self._session.get(f"{self.base_url}/metrics", headers=self._headers) as response:
-                text = await response.text()
-        except Exception:  # noqa: BLE001 - a missed sample is not a failed run
+        """The server's counters; behind the SGLang Model Gateway, every worker's summed (its
+        /engine_metrics gathers them, renaming `cadence:x` to `cadence_x`)."""
+        values = await self._metric_samples("/metrics")
+        if values is None or not any(name.startswith("cadence:") for name in values):
+            values = await self._metric_samples("/engine_metrics")
+        if values is None:
             return None
-        values: dict[str, list[float]] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                values.setdefault(sample.name, []).append(sample.value)
+        values = {name.replace("cadence_", "cadence:", 1): v for name, v in values.items()}
 
         def total(name: str) -> float:
             return sum(values.get(f"cadence:{name}_total", values.get(f"cadence:{name}", [0.0])))
@@ -176,6 +176,22 @@ class HttpBackend:
             total("step_execute_seconds"),
             total("step_wait_seconds"),
         )
+
+    async def _metric_samples(self, path: str) -> dict[str, list[float]] | None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            async with self._session.get(f"{self.base_url}{path}", headers=self._headers) as response:
+                if response.status != 200:
+                    return None
+                text = await response.text()
+        except Exception:  # noqa: BLE001 - a missed sample is not a failed run
+            return None
+        values: dict[str, list[float]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values.setdefault(sample.name, []).append(sample.value)
+        return values
 
 
 class ZmqBackend:

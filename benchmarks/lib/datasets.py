@@ -109,6 +109,13 @@ def multi_turn_dataset(
     return specs
 
 
+def ids_as_words(token_ids: list[int]) -> str:
+    """A text stand-in for a prompt of token ids, for servers and routers that take text only (the
+    SGLang Model Gateway refuses token-id prompts): one word per id, so prompts that share a prefix
+    of ids share a prefix of text. The server's token count differs from len(token_ids)."""
+    return " ".join(_WORDS[t % len(_WORDS)] for t in token_ids)
+
+
 def ideal_prefix_hit_rate(
     groups: int, prompts_per_group: int, system_len: int, question_len: int, block_size: int
 ) -> float:
