@@ -18,6 +18,9 @@ Runs (the performance report's keys):
   prefix_on_sync       prefix_on's prompts one step at a time (--no-async-scheduling)
   dp2                  c302's request shape, 500 prompts, two replicas sharing the card (--dp 2)
   peer_cadence, peer   256 x 512 in / 128 out through Cadence, and through transformers' generate_batch
+  c1_fp8, c302_fp8,    c1, c302, prefix_on and peer_cadence's prompts on a server quantized to FP8 at
+  prefix_on_fp8,       load (--quantization fp8: 128 x 128 block-scaled weights, 1 x 128 dynamic
+  peer_cadence_fp8     activation groups), for the bf16 and FP8 rows side by side
 --scale shrinks every workload's prompt count (for a quick look; the report says so).
 """
 
@@ -51,6 +54,7 @@ SHARED = [
     "--output-len",
     "256",
 ]
+FP8 = ("--quantization", "fp8")
 PEER_WORKLOAD = ["--dataset", "random", "--input-len", "512", "--output-len", "128", "--num-prompts", "256"]
 
 
@@ -95,6 +99,11 @@ RUNS = {
     "c128_cached": Run("c128_cached", (), tuple(CACHED), 256, "c128_warm"),
     "c128_cached_defaults": Run("c128_cached_defaults", (), (*CACHED, "--sampling", "model-defaults"), 256,
                                 "c128_warm"),
+    # The same prompts served in FP8 (weights quantized at load), beside their bf16 runs.
+    "c1_fp8": Run("c1_fp8", FP8, (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
+    "c302_fp8": Run("c302_fp8", FP8, (*RANDOM, "--max-concurrency", "302"), 1000, "c302"),
+    "prefix_on_fp8": Run("prefix_on_fp8", FP8, (*SHARED, "--max-concurrency", "256"), 1024, "prefix_on"),
+    "peer_cadence_fp8": Run("peer_cadence_fp8", FP8, PEER_WORKLOAD, 256, "peer_cadence"),
 }
 
 
