@@ -20,6 +20,7 @@ quantized values equal `fp8_format.quantize_activations_reference` exactly.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -39,10 +40,13 @@ def _round_to_e4m3(v):
     # e4m3 has 3 mantissa bits: its spacing is 2**(exponent - 3), and 2**-9 below 2**-6 (subnormals).
     exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
     spacing = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    return ((v / spacing + _ROUNDING_MAGIC) - _ROUNDING_MAGIC) * spacing
+    inverse = ((127 - (exponent - 3)) << 23).to(tl.float32, bitcast=True)  # powers of two: exact products
+    return ((v * inverse + _ROUNDING_MAGIC) - _ROUNDING_MAGIC) * spacing
 
 
-@triton.jit
+# Step-varying integers (the token count and what follows from it) are not specialized on, so one
+# compiled variant serves every step.
+@triton.jit(do_not_specialize=["M", "stride_sm", "stride_sg"])
 def _quantize_groups_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm, stride_sm, stride_sg,
                             GROUPS: tl.constexpr, GROUP: tl.constexpr, FP8_MAX_: tl.constexpr,
                             MIN_AMAX_: tl.constexpr):
@@ -80,7 +84,7 @@ def quantize_activations(x: torch.Tensor, column_major_scales: bool = False
     return q, scales
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "k_steps_per_split", "stride_asg", "stride_cs"])
 def _block_fp8_matmul_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, M, N, K, k_steps_per_split,
                              stride_am, stride_asm, stride_asg, stride_bn, stride_bsn, stride_bsk,
                              stride_cs, stride_cm,
@@ -121,6 +125,11 @@ def _block_fp8_matmul_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, M, N
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
 class MatmulTiles(NamedTuple):
     block_m: int
     block_n: int  # divides 128: a tile's columns share one weight scale
@@ -155,9 +164,7 @@ def block_fp8_matmul(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Te
     n = weight.shape[0]
     assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1
     if tiles is None:
-        num_sms = (torch.cuda.get_device_properties(x_q.device).multi_processor_count
-                   if x_q.is_cuda else 132)
-        tiles = matmul_tiles(m, n, k, num_sms)
+        tiles = matmul_tiles(m, n, k, _num_sms(x_q.device))
     assert BLOCK % tiles.block_n == 0, f"block_n {tiles.block_n} must divide {BLOCK}"
     k_steps = triton.cdiv(k, BLOCK)
     k_steps_per_split = triton.cdiv(k_steps, tiles.split_k)
