@@ -115,7 +115,8 @@ def gemm_inputs(m: int, n: int, k: int, seed: int):
 
 
 @pytest.mark.parametrize("m", [1, 7, 64])
-@pytest.mark.parametrize("n,k", [(256, 384), (384, 128), (200, 256)], ids=["256x384", "384x128", "ragged-n"])
+@pytest.mark.parametrize("n,k", [(256, 384), (384, 128), (200, 256), (256, 200)],
+                         ids=["256x384", "384x128", "ragged-n", "ragged-k"])
 def test_block_fp8_matmul_equals_the_dequantized_reference(m, n, k):
     x, weight, scale_inv = gemm_inputs(m, n, k, seed=m + n)
     q, scales = quantize_activations(x)
@@ -123,6 +124,16 @@ def test_block_fp8_matmul_equals_the_dequantized_reference(m, n, k):
     expected = reference_matmul(x, weight, scale_inv)
     assert out.shape == (m, n) and out.dtype == torch.float32
     assert relative_error(out, expected) <= GEMM_RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("m", [1, 7, 64])
+@pytest.mark.parametrize("n,k", [(256, 384), (200, 200)], ids=["256x384", "ragged"])
+def test_quantizing_inside_the_gemm_equals_quantizing_first_bit_for_bit(m, n, k):
+    x, weight, scale_inv = gemm_inputs(m, n, k, seed=2 * m + n)
+    q, scales = quantize_activations(x)
+    for tiles in (matmul_tiles(m, n, k), MatmulTiles(16, 32, 2, 4, 2)):
+        fused = block_fp8_matmul(x, None, weight, scale_inv, torch.float32, tiles)
+        assert torch.equal(fused, block_fp8_matmul(q, scales, weight, scale_inv, torch.float32, tiles))
 
 
 @pytest.mark.parametrize("tiles", [MatmulTiles(16, 32, 1, 4, 2), MatmulTiles(16, 64, 3, 4, 2),

@@ -8,10 +8,10 @@ and the output out; the FP8 paths also write and read the quantized activations 
 TB/s against the bandwidth ceiling and TFLOP/s (2 M N K) against the tensor-core ceiling of its
 dtype, and the error against `fp8_format.reference_matmul` in float32 (max |error| / max |ref|).
 Paths: `bf16` (F.linear on the bf16 weight), `fp8 triton` (quantize + block-scaled GEMM, what the
-server runs), `fp8 triton gemm` (the GEMM alone, activations already quantized), `fp8 scaled_mm
-block` (torch's scaled_mm with 1 x 128 / 128 x 128 scales, where this torch has it), `fp8 scaled_mm
-rowwise` (per-token x per-channel scales: the layout the issue measured, not the checkpoint's
-format, for the speed it shows).
+server runs; up to 16 rows one launch that quantizes inside the GEMM), `fp8 triton gemm` (the GEMM
+alone, activations already quantized), `fp8 scaled_mm block` (torch's scaled_mm with 1 x 128 /
+128 x 128 scales, where this torch has it), `fp8 scaled_mm rowwise` (per-token x per-channel
+scales: the layout the issue measured, not the checkpoint's format, for the speed it shows).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
 * `dequant`: the weight dequantized to x's dtype, then one ordinary matmul; the activations stay
   as they are (weight-only quantization). The CPU serves this, and it is the tests' reference.
 * `triton`: activations quantized per token and 128 columns, then the block-scaled FP8 GEMM of
-  fp8_kernels.py, for every M (decode and prefill).
+  fp8_kernels.py, for every M (decode and prefill); up to 16 rows the GEMM quantizes them itself.
 * `scaled_mm`: the same activation quantization, then torch's `scaled_mm` with 1 x 128 and
   128 x 128 block scales (cuBLASLt; PyTorch >= 2.10 built with CUDA >= 12.9, Hopper).
 
@@ -26,6 +26,9 @@ import torch.nn.functional as F
 from core.execution.model.fp8_format import dequantize_weight
 
 ENV = "CADENCE_FP8_GEMM"
+# Up to this many rows the Triton GEMM quantizes the activations itself (one launch, not two); above
+# it, every output column tile would quantize the rows again. A first guess, to measure.
+FUSED_QUANTIZATION_MAX_M = 16
 Fp8Gemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -36,6 +39,8 @@ def dequant_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.
 def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
 
+    if x.shape[0] <= FUSED_QUANTIZATION_MAX_M:  # decode: the GEMM quantizes its rows itself
+        return block_fp8_matmul(x, None, weight, weight_scale_inv, x.dtype)
     x_q, x_scales = quantize_activations(x)
     return block_fp8_matmul(x_q, x_scales, weight, weight_scale_inv, x.dtype)
 

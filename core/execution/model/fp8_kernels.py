@@ -6,7 +6,9 @@
 output tile and every 128-column step of K, a tensor-core dot of the fp8 tiles, scaled by the
 token's group scale and the weight block's scale, summed in float32. A tile of BLOCK_N <= 128
 output columns lies inside one weight block row, so one weight scale serves a tile and a K step.
-Small M (decode) splits K over SPLIT_K programs so that enough of them stream the weight at once;
+For small M (decode) the GEMM may quantize the activations itself (x_scales None: one launch
+instead of two; `fp8_gemm.triton_gemm` does so up to FUSED_QUANTIZATION_MAX_M rows). Small M also
+splits K over SPLIT_K programs so that enough of them stream the weight at once;
 their float32 partial sums are added in a fixed order (no atomics: the result does not depend on
 which program finishes first). The tiles per M are a first guess, to be tuned per shape with
 `python -m benchmarks.kernels --fp8`.
@@ -44,6 +46,15 @@ def _round_to_e4m3(v):
     return ((v * inverse + _ROUNDING_MAGIC) - _ROUNDING_MAGIC) * spacing
 
 
+@triton.jit
+def _quantize_rows(x, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
+    """x [R, 128] float32 -> (its e4m3 values as float32, each row's scale = amax / 448)."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_AMAX_)  # [R]
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX_, tl.float32))
+    scaled = tl.math.div_rn(x, scale[:, None])
+    return _round_to_e4m3(tl.minimum(tl.maximum(scaled, -FP8_MAX_), FP8_MAX_)), scale
+
+
 # Step-varying integers (the token count and what follows from it) are not specialized on, so one
 # compiled variant serves every step.
 @triton.jit(do_not_specialize=["M", "stride_sm", "stride_sg"])
@@ -56,10 +67,7 @@ def _quantize_groups_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm,
     cols = group[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [GROUPS, GROUP]
     mask = cols < K
     x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_AMAX_)  # [GROUPS]
-    scale = tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX_, tl.float32))
-    scaled = tl.math.div_rn(x, scale[:, None])
-    q = _round_to_e4m3(tl.minimum(tl.maximum(scaled, -FP8_MAX_), FP8_MAX_))
+    q, scale = _quantize_rows(x, FP8_MAX_, MIN_AMAX_)
     tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row * stride_sm + group * stride_sg, scale, mask=group * GROUP < K)
 
@@ -89,8 +97,10 @@ def _block_fp8_matmul_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, M, N
                              stride_am, stride_asm, stride_asg, stride_bn, stride_bsn, stride_bsk,
                              stride_cs, stride_cm,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             GROUP_M: tl.constexpr):
-    """c[split] = sum over this split's K steps of (a_q . b_q^T) * a_scale * b_scale, in float32."""
+                             GROUP_M: tl.constexpr, QUANTIZE_A: tl.constexpr, FP8_MAX_: tl.constexpr,
+                             MIN_AMAX_: tl.constexpr):
+    """c[split] = sum over this split's K steps of (a_q . b_q^T) * a_scale * b_scale, in float32.
+    QUANTIZE_A: a is the unquantized activations (a_scale_ptr unused), quantized here tile by tile."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -118,7 +128,11 @@ def _block_fp8_matmul_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, M, N
                     other=0.0)
         b = tl.load(b_ptr + offs_n[None, :] * stride_bn + k[:, None], mask=mask_k[:, None] & mask_n[None, :],
                     other=0.0)  # [BLOCK_K, BLOCK_N]
-        a_scale = tl.load(a_scale_ptr + offs_m * stride_asm + step * stride_asg, mask=mask_m, other=0.0)
+        if QUANTIZE_A:
+            a, a_scale = _quantize_rows(a.to(tl.float32), FP8_MAX_, MIN_AMAX_)
+            a = a.to(b.dtype)
+        else:
+            a_scale = tl.load(a_scale_ptr + offs_m * stride_asm + step * stride_asg, mask=mask_m, other=0.0)
         b_scale = tl.load(b_scale_row + step * stride_bsk)
         acc += tl.dot(a, b) * (a_scale[:, None] * b_scale)
     c = c_ptr + split * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :]
@@ -155,11 +169,14 @@ def matmul_tiles(m: int, n: int, k: int, num_sms: int = 132) -> MatmulTiles:
                        num_stages=4 if m <= 64 else 3)
 
 
-def block_fp8_matmul(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
+def block_fp8_matmul(x_q: torch.Tensor, x_scales: torch.Tensor | None, weight: torch.Tensor,
                      weight_scale_inv: torch.Tensor, out_dtype: torch.dtype,
                      tiles: MatmulTiles | None = None) -> torch.Tensor:
     """x_q fp8 [M, K] with scales [M, ceil(K/128)], weight fp8 [N, K] with weight_scale_inv
-    [ceil(N/128), ceil(K/128)] -> x times the weight transposed, [M, N] in out_dtype."""
+    [ceil(N/128), ceil(K/128)] -> x times the weight transposed, [M, N] in out_dtype.
+    x_scales None: x_q is the unquantized activations, which each program quantizes as
+    `quantize_activations` would (one launch instead of two, for small M: every column tile of
+    the output quantizes the rows again)."""
     m, k = x_q.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1
@@ -175,12 +192,14 @@ def block_fp8_matmul(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Te
     else:
         partials = torch.empty((split_k, m, n), dtype=torch.float32, device=x_q.device)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split_k)
+    quantize_a = x_scales is None
+    scales = weight_scale_inv if quantize_a else x_scales  # unread when quantize_a
     _block_fp8_matmul_kernel[grid](
-        x_q, x_scales, weight, weight_scale_inv, partials, m, n, k, k_steps_per_split,
-        x_q.stride(0), x_scales.stride(0), x_scales.stride(1), weight.stride(0),
+        x_q, scales, weight, weight_scale_inv, partials, m, n, k, k_steps_per_split,
+        x_q.stride(0), scales.stride(0), scales.stride(1), weight.stride(0),
         weight_scale_inv.stride(0), weight_scale_inv.stride(1), partials.stride(0), partials.stride(1),
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=BLOCK, GROUP_M=8,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=BLOCK, GROUP_M=8, QUANTIZE_A=quantize_a,
+        FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     if split_k == 1:
         return out
     return partials.sum(dim=0).to(out_dtype)
