@@ -222,7 +222,9 @@ def markdown(figures: dict, notes: str) -> str:
             "before blocking on the doorbell).",
             "",
         ]
-    if "kernels" in figures:
+    if figures.get("kernels", {}).get("fp8_gemms"):
+        lines += _fp8_gemm_lines(figures["kernels"])
+    if figures.get("kernels", {}).get("rows"):
         k = figures["kernels"]
         lines += ["## Attention kernels", "",
                   f"`python -m benchmarks.kernels` on {k['device']}, {k['dtype']}, "
@@ -242,6 +244,21 @@ def markdown(figures: dict, notes: str) -> str:
     if notes:
         lines += [notes.strip(), ""]
     return "\n".join(lines)
+
+
+def _fp8_gemm_lines(k: dict) -> list[str]:
+    """Qwen3-14B's linear layers in bf16 and FP8 (python -m benchmarks.kernels --fp8)."""
+    lines = ["## Linear layers, bf16 and FP8", "",
+             f"`python -m benchmarks.kernels --fp8` on {k['device']}: median us (CUDA graph replay where it "
+             f"ran), against {k['ceiling_tb_s']} TB/s and 989 (bf16) / 1,979 (FP8) TFLOP/s.", "",
+             "| layer | M | path | us | TB/s | TFLOP/s | max error vs float32 | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in k["fp8_gemms"]:
+        micros = row["graph_us"] or row["do_bench_us"]
+        lines.append(f"| {row['layer']} | {row['m']} | {row['path']} | {_fmt(micros)} | "
+                     f"{_fmt(row['tb_s'], 2)} | {_fmt(row['tflops'])} | {_fmt(row['error'], 4)} | "
+                     f"{row['note']} |")
+    return [*lines, ""]
 
 
 def _step_profile_lines(sp: dict) -> list[str]:
