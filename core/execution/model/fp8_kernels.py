@@ -7,11 +7,11 @@ output tile and every 128-column step of K, a tensor-core dot of the fp8 tiles, 
 token's group scale and the weight block's scale, summed in float32. A tile of BLOCK_N <= 128
 output columns lies inside one weight block row, so one weight scale serves a tile and a K step.
 For small M (decode) the GEMM may quantize the activations itself (x_scales None: one launch
-instead of two; `fp8_gemm.triton_gemm` does so up to FUSED_QUANTIZATION_MAX_M rows). Small M also
-splits K over SPLIT_K programs so that enough of them stream the weight at once;
-their float32 partial sums are added in a fixed order (no atomics: the result does not depend on
-which program finishes first). The tiles per M are a first guess, to be tuned per shape with
-`python -m benchmarks.kernels --fp8`.
+instead of two; `fp8_gemm.triton_gemm` does so up to FUSED_QUANTIZATION_MAX_M rows), and it splits
+K over SPLIT_K programs so that enough of them stream the weight at once; their float32 partial
+sums are added in a fixed order (no atomics: the result does not depend on which program finishes
+first). The tiles per M are a first guess, to be tuned per shape with
+`python -m benchmarks.kernels --fp8-only --sweep`.
 
 The quantization rounds to e4m3 itself (`_round_to_e4m3`, round to nearest even) before the cast,
 which then is exact: the GPU's conversion would round the same way, but the Triton interpreter's
