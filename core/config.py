@@ -13,7 +13,13 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from core.quantization import Fp8Config, QuantizationError, quantize_at_load, read_quantization_config
+from core.quantization import (
+    Fp8Config,
+    QuantizationError,
+    fp8_shard_problem,
+    quantize_at_load,
+    read_quantization_config,
+)
 from core.registry import LINEAR_METHODS, MODEL_TYPES, attention_backend_choices
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -362,6 +368,9 @@ class EngineConfig:
                     f"tp_size {tp} does not divide {what} {value} of model {m.name}: "
                     f"use a tp_size in {divisors}"
                 )
+        problem = m.quantization == "fp8" and fp8_shard_problem(m.q_size, m.kv_size, m.intermediate_size, tp)
+        if problem:
+            raise ConfigError(f"model {m.name} in FP8: {problem}")
         max_len = self.scheduler.max_model_len
         if max_len is not None and max_len > m.max_position_embeddings:
             raise ConfigError(

@@ -113,3 +113,21 @@ def quantize_at_load(method: str, quantization: str | None, model_name: str) -> 
         raise QuantizationError(f"--quantization {method}: model {model_name} is already quantized as "
                                 f"{quantization!r}; serve it without --quantization")
     return Fp8Config(checkpoint_is_quantized=False)
+
+
+def fp8_shard_problem(q_size: int, kv_size: int, intermediate_size: int, tp_size: int) -> str | None:
+    """Why a Qwen3-shaped FP8 model cannot be split over `tp_size` ranks (a rank's share of some
+    packed or sharded matrix would not be whole 128 x 128 blocks), or None. The executors check
+    every shard against the checkpoint too; this says it before any process starts."""
+    sizes = {"q_proj's rows (heads x head_dim)": q_size, "k_proj's and v_proj's rows": kv_size,
+             "intermediate_size": intermediate_size}
+
+    def on_blocks(rows: int, tp: int) -> bool:
+        return tp == 1 or (rows % tp == 0 and (rows // tp) % FP8_BLOCK == 0)
+
+    for what, rows in sizes.items():
+        if not on_blocks(rows, tp_size):
+            ok = [tp for tp in range(1, 65) if all(on_blocks(n, tp) for n in sizes.values())]
+            return (f"tp_size {tp_size} would give each rank {rows / tp_size:g} of {what} {rows}, not whole "
+                    f"{FP8_BLOCK} x {FP8_BLOCK} FP8 blocks: use a tp_size in {ok}")
+    return None

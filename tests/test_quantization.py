@@ -11,7 +11,7 @@ import re
 import pytest
 from tiny_models import tiny_hf_config
 
-from core.config import ConfigError, ModelConfig
+from core.config import ConfigError, EngineConfig, ModelConfig, ParallelConfig
 from core.quantization import Fp8Config
 from core.registry import LINEAR_METHODS
 from ipc import codec
@@ -127,3 +127,16 @@ def test_the_fp8_format_travels_to_the_executors(model_dir):
         model_dir, {**QWEN3_14B_FP8, "modules_to_not_convert": ["model.layers.1.mlp"]}))))
     spec = ExecutorSpec(config, 0, 0, "cpu", "ipc://a", "ipc://b", "ring", "", "gloo", 1.0)
     assert codec.decode(codec.encode(spec)).config == config
+
+
+def test_a_tensor_parallel_size_off_the_fp8_blocks_is_refused_before_anything_starts():
+    tiny = ModelConfig.from_name("qwen3-tiny").quantized_at_load("fp8")
+    with pytest.raises(ConfigError, match=re.escape(
+            "model qwen3-tiny in FP8: tp_size 2 would give each rank 64 of k_proj's and v_proj's rows 128, "
+            "not whole 128 x 128 FP8 blocks: use a tp_size in [1]")):
+        EngineConfig(model=tiny, parallel=ParallelConfig(tp_size=2))
+    assert EngineConfig(model=tiny.with_overrides(quantization=None, quantization_config=None),
+                        parallel=ParallelConfig(tp_size=2)).parallel.tp_size == 2, "bf16 splits as before"
+    qwen3_14b = ModelConfig.from_name("qwen3-14b").quantized_at_load("fp8")
+    for tp in (1, 2, 4, 8):  # 40 heads, 8 KV heads of 128, intermediate 17,408 = 136 blocks
+        assert EngineConfig(model=qwen3_14b, parallel=ParallelConfig(tp_size=tp)).parallel.tp_size == tp
