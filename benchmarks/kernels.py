@@ -3,6 +3,8 @@
 4.3 TB/s.
 
     python -m benchmarks.kernels --out kernels.json [--sweep]
+    python -m benchmarks.kernels --fp8 --out kernels_fp8.json      # and the FP8 GEMMs
+    python -m benchmarks.kernels --fp8-only --out kernels_fp8.json
 
 Bytes are what the kernel must move at least: K/V of every context token read once, Q read and O
 written (the KV write: K/V rows read and written). Two times per row, both medians:
@@ -12,6 +14,9 @@ graph, no launch overhead, L2 not flushed, so contexts under 50 MB stay in L2). 
 checked against ReferenceAttention in float32 (column `err`: worst |error| / max |reference|), and
 the reference backend's own time is shown for scale. --sweep also times every split count and a
 grid of tile shapes for decode and extend, for tuning the defaults in core/execution/attention/.
+--fp8 adds every Qwen3-14B linear shape at decode and prefill batch sizes, bf16 against each FP8
+GEMM path (benchmarks/lib/fp8_gemm_cases.py); --fp8-only times those alone; with --sweep, also
+the Triton FP8 GEMM's tiles and split counts per shape (for fp8_kernels.matmul_tiles).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
+from benchmarks.lib.fp8_gemm_cases import all_gemm_rows, print_gemm_table, sweep_gemm_tiles
 from core.execution.attention.backend import AttentionMetadata, write_kv
 from core.execution.attention.reference import ReferenceAttention
 from core.execution.attention.triton_backend import TritonAttention
@@ -255,22 +261,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write every figure as JSON here")
     parser.add_argument("--sweep", action="store_true", help="also time split counts and tile shapes")
+    parser.add_argument("--fp8", action="store_true", help="also time the FP8 GEMMs against bf16")
+    parser.add_argument("--fp8-only", action="store_true", help="time the FP8 GEMMs against bf16 only")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.kernels needs a CUDA GPU")
     torch.manual_seed(0)
     backend = TritonAttention(DEVICE)
 
-    rows = kv_write_rows(256) + kv_write_rows(2048)
-    for batch in (1, 16, 64, 256):
-        step = build_step([(CONTEXT - 1, 1)] * batch, seed=batch)
-        rows.append(attention_row("decode", f"batch {batch} x {CONTEXT} ctx", step, backend))
-        del step
-    for case, requests in EXTEND_CASES:
-        rows.append(attention_row("extend", case, build_step(requests), backend))
+    rows = []
+    if not args.fp8_only:
+        rows += kv_write_rows(256) + kv_write_rows(2048)
+        for batch in (1, 16, 64, 256):
+            step = build_step([(CONTEXT - 1, 1)] * batch, seed=batch)
+            rows.append(attention_row("decode", f"batch {batch} x {CONTEXT} ctx", step, backend))
+            del step
+        for case, requests in EXTEND_CASES:
+            rows.append(attention_row("extend", case, build_step(requests), backend))
+    gemm_rows = all_gemm_rows() if args.fp8 or args.fp8_only else []
 
     sweep = []
-    if args.sweep:
+    if args.sweep and gemm_rows:
+        sweep += [{"kernel": "fp8 gemm", **entry} for entry in sweep_gemm_tiles()]
+    if args.sweep and not args.fp8_only:
         for batch in (1, 16, 64, 256):
             sweep += sweep_decode(batch)
         for case, requests in EXTEND_CASES:
@@ -280,7 +293,12 @@ def main() -> None:
     print(f"\n{device}, Qwen3-14B per-layer shapes ({Q_HEADS} q heads, {KV_HEADS} KV heads, head_dim "
           f"{HEAD_DIM}, block_size {BLOCK_SIZE}, {str(DTYPE).removeprefix('torch.')}), ceiling "
           f"{CEILING_TB_S} TB/s\n")
-    print_table(rows)
+    if rows:
+        print_table(rows)
+    if gemm_rows:
+        print(f"\nQwen3-14B linear layers, bf16 and FP8 (ceilings {CEILING_TB_S} TB/s; tensor cores "
+              "989 TFLOP/s bf16, 1,979 FP8):\n")
+        print_gemm_table(gemm_rows, CEILING_TB_S)
     for r in rows:
         if r.extra.get("splits") or r.extra.get("extend_tiles"):
             print(f"  {r.kernel} {r.case}: {r.extra}")
@@ -288,21 +306,27 @@ def main() -> None:
         print("\nsweep (median us; decode TB/s, extend TFLOP/s), best per case first:")
         keyed: dict[str, list[dict]] = {}
         for s in sweep:
-            key = f"decode batch {s['batch']}" if s["kernel"] == "decode" else s["case"]
+            if s["kernel"] == "fp8 gemm":
+                key = f"fp8 gemm {s['layer']} M={s['m']}"
+            else:
+                key = f"decode batch {s['batch']}" if s["kernel"] == "decode" else s["case"]
             keyed.setdefault(key, []).append(s)
         for key, entries in keyed.items():
             entries.sort(key=lambda s: s["us"])
             print(f"  {key}:")
             for s in entries[:6]:
                 print("    " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                                         for k, v in s.items() if k not in ("kernel", "batch", "case")))
+                                         for k, v in s.items()
+                                         if k not in ("kernel", "batch", "case", "layer", "m")))
     if args.out:
         report = {"device": device, "ceiling_tb_s": CEILING_TB_S, "dtype": str(DTYPE),
                   "shapes": {"q_heads": Q_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
                              "block_size": BLOCK_SIZE, "context": CONTEXT},
                   "rows": [{**asdict(r), "do_bench_tb_s": r.tb_s(r.do_bench_us),
                             "graph_tb_s": r.tb_s(r.graph_us)} for r in rows],
-                  "sweep": sweep}
+                  "sweep": sweep,
+                  "fp8_gemms": [{**asdict(r), "tb_s": r.tb_s(r.graph_us or r.do_bench_us),
+                                 "tflops": r.tflops(r.graph_us or r.do_bench_us)} for r in gemm_rows]}
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
         print(f"\nwrote {args.out}")

@@ -22,7 +22,8 @@ import subprocess
 from benchmarks.lib.load_summary import sampling_text
 
 ORDER = ("chat", "c1", "c1_defaults", "c16", "c64", "c302", "c302_defaults", "c1_sync", "c302_sync",
-         "prefix_on", "prefix_on_sync", "prefix_off", "dp2", "peer_cadence", "tp2")
+         "prefix_on", "prefix_on_sync", "prefix_off", "dp2", "peer_cadence", "tp2",
+         "c1_fp8", "c302_fp8", "prefix_on_fp8", "peer_cadence_fp8")
 _BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time")
 
 # Issue targets (Qwen3-14B, bf16, one H200) and vLLM's figures on the same workloads.
@@ -31,6 +32,11 @@ TARGETS = [
     ("c1 median TTFT (ms)", "c1", ("ttft_ms", "median"), "<=", 75.0, "vLLM 85"),
     ("c302 total tok/s", "c302", ("total_token_throughput",), ">=", 20000.0, "vLLM 17,934"),
     ("c302 output tok/s", "c302", ("output_throughput",), ">=", 2500.0, "vLLM 2,251"),
+    # Qwen3-14B FP8 (issue 22): the weight-read floor of a decode step is about 3.5 ms.
+    ("FP8 c1 median TPOT (ms)", "c1_fp8", ("tpot_ms", "median"), "<=", 4.5, "bf16 8.4"),
+    ("FP8 c1 median TTFT, 1,784 tokens (ms)", "c1_fp8", ("ttft_ms", "median"), "<=", 50.0, ""),
+    ("FP8 c302 total tok/s", "c302_fp8", ("total_token_throughput",), ">=", 27000.0,
+     "1.5 x vLLM bf16 17,934"),
 ]
 
 
@@ -65,6 +71,9 @@ def build(results: dict[str, dict], machine: str) -> dict:
     peer, mine = results.get("peer"), results.get("peer_cadence")
     if peer and mine and peer.get("total_token_throughput"):
         figures["peer_ratio"] = mine["total_token_throughput"] / peer["total_token_throughput"]
+    mine_fp8 = results.get("peer_cadence_fp8")
+    if peer and mine_fp8 and peer.get("total_token_throughput"):
+        figures["peer_ratio_fp8"] = mine_fp8["total_token_throughput"] / peer["total_token_throughput"]
     on, off = results.get("prefix_on"), results.get("prefix_off")
     if on and off and off["ttft_ms"]["median"]:
         figures["prefix_ttft_speedup"] = off["ttft_ms"]["median"] / max(on["ttft_ms"]["median"], 1e-9)
@@ -145,11 +154,20 @@ def markdown(figures: dict, notes: str) -> str:
                 f"| Cadence | {mine['completed']} | 512 / 128 | {_fmt(mine['total_token_throughput'])} | "
                 f"{_fmt(mine['output_throughput'])} |"
             )
+        if "peer_cadence_fp8" in figures:
+            mine = figures["peer_cadence_fp8"]
+            lines.append(
+                f"| Cadence FP8 | {mine['completed']} | 512 / 128 | {_fmt(mine['total_token_throughput'])} | "
+                f"{_fmt(mine['output_throughput'])} |"
+            )
         if "peer_ratio" in figures:
             lines += [
                 "",
                 f"peer_ratio (Cadence total tok/s / transformers'): **{figures['peer_ratio']:.2f}x**",
             ]
+        if "peer_ratio_fp8" in figures:
+            ratio = figures["peer_ratio_fp8"]
+            lines += ["", f"peer_ratio_fp8 (Cadence FP8 / transformers bf16): **{ratio:.2f}x**"]
         lines.append("")
     target_rows = []
     for name, key, path, op, goal, reference in TARGETS:
@@ -204,7 +222,9 @@ def markdown(figures: dict, notes: str) -> str:
             "before blocking on the doorbell).",
             "",
         ]
-    if "kernels" in figures:
+    if figures.get("kernels", {}).get("fp8_gemms"):
+        lines += _fp8_gemm_lines(figures["kernels"])
+    if figures.get("kernels", {}).get("rows"):
         k = figures["kernels"]
         lines += ["## Attention kernels", "",
                   f"`python -m benchmarks.kernels` on {k['device']}, {k['dtype']}, "
@@ -224,6 +244,21 @@ def markdown(figures: dict, notes: str) -> str:
     if notes:
         lines += [notes.strip(), ""]
     return "\n".join(lines)
+
+
+def _fp8_gemm_lines(k: dict) -> list[str]:
+    """Qwen3-14B's linear layers in bf16 and FP8 (python -m benchmarks.kernels --fp8)."""
+    lines = ["## Linear layers, bf16 and FP8", "",
+             f"`python -m benchmarks.kernels --fp8` on {k['device']}: median us (CUDA graph replay where it "
+             f"ran), against {k['ceiling_tb_s']} TB/s and 989 (bf16) / 1,979 (FP8) TFLOP/s.", "",
+             "| layer | M | path | us | TB/s | TFLOP/s | max error vs float32 | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in k["fp8_gemms"]:
+        micros = row["graph_us"] or row["do_bench_us"]
+        lines.append(f"| {row['layer']} | {row['m']} | {row['path']} | {_fmt(micros)} | "
+                     f"{_fmt(row['tb_s'], 2)} | {_fmt(row['tflops'])} | {_fmt(row['error'], 4)} | "
+                     f"{row['note']} |")
+    return [*lines, ""]
 
 
 def _step_profile_lines(sp: dict) -> list[str]:

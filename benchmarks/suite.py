@@ -21,6 +21,9 @@ Runs (the performance report's keys):
   prefix_burst_dp2     64 out, at concurrency 128 sent at once, on one replica and on two sharing the
                        card (the DP router's prefix locality: compare their prefix hit rates)
   peer_cadence, peer   256 x 512 in / 128 out through Cadence, and through transformers' generate_batch
+  c1_fp8, c302_fp8,    c1, c302, prefix_on and peer_cadence's prompts on a server quantized to FP8 at
+  prefix_on_fp8,       load (--quantization fp8: 128 x 128 block-scaled weights, 1 x 128 dynamic
+  peer_cadence_fp8     activation groups), for the bf16 and FP8 rows side by side
 --scale shrinks every workload's prompt count (for a quick look; the report says so).
 """
 
@@ -57,6 +60,7 @@ SHARED = [
 # Every group's prompts arrive before any of them is cached: what the DP router must keep together.
 SHARED_BURST = ["--dataset", "shared-prefix", "--groups", "32", "--prompts-per-group", "16", "--system-len",
                 "2048", "--question-len", "128", "--output-len", "64", "--max-concurrency", "128"]
+FP8 = ("--quantization", "fp8")
 PEER_WORKLOAD = ["--dataset", "random", "--input-len", "512", "--output-len", "128", "--num-prompts", "256"]
 
 
@@ -103,6 +107,11 @@ RUNS = {
     "c128_cached": Run("c128_cached", (), tuple(CACHED), 256, "c128_warm"),
     "c128_cached_defaults": Run("c128_cached_defaults", (), (*CACHED, "--sampling", "model-defaults"), 256,
                                 "c128_warm"),
+    # The same prompts served in FP8 (weights quantized at load), beside their bf16 runs.
+    "c1_fp8": Run("c1_fp8", FP8, (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
+    "c302_fp8": Run("c302_fp8", FP8, (*RANDOM, "--max-concurrency", "302"), 1000, "c302"),
+    "prefix_on_fp8": Run("prefix_on_fp8", FP8, (*SHARED, "--max-concurrency", "256"), 1024, "prefix_on"),
+    "peer_cadence_fp8": Run("peer_cadence_fp8", FP8, PEER_WORKLOAD, 256, "peer_cadence"),
 }
 
 

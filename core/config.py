@@ -13,6 +13,13 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from core.quantization import (
+    Fp8Config,
+    QuantizationError,
+    fp8_shard_problem,
+    quantize_at_load,
+    read_quantization_config,
+)
 from core.registry import LINEAR_METHODS, MODEL_TYPES, attention_backend_choices
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -62,8 +69,11 @@ class ModelConfig:
     load_format: str = "auto"
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     model_type: str = "qwen3"  # config.json's model_type: which model class serves it (core/registry.py)
-    # config.json's quantization_config.quant_method; None: the weights are stored in `dtype`.
+    # config.json's quantization_config.quant_method (or --quantization): the LinearMethod that holds
+    # and multiplies the linear weights; None: they are stored and multiplied in `dtype`.
     quantization: str | None = None
+    # The checked quantization_config of an fp8 model (core/quantization.py); None otherwise.
+    quantization_config: Fp8Config | None = None
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -81,6 +91,10 @@ class ModelConfig:
         if self.quantization not in LINEAR_METHODS:
             raise ConfigError(f"model {self.name}: quantization {self.quantization!r} is not supported: "
                               f"Cadence loads {_quantization_names()}")
+        if (self.quantization == "fp8") != (self.quantization_config is not None):
+            raise ConfigError(f"model {self.name}: quantization {self.quantization!r} with "
+                              f"quantization_config "
+                              f"{self.quantization_config}: fp8, and only fp8, needs its Fp8Config")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.load_format not in LOAD_FORMATS:
@@ -110,6 +124,14 @@ class ModelConfig:
     def with_overrides(self, **kwargs) -> ModelConfig:
         return replace(self, **kwargs)
 
+    def quantized_at_load(self, method: str) -> ModelConfig:
+        """This model served with `--quantization method` (core/quantization.py `quantize_at_load`)."""
+        try:
+            fmt = quantize_at_load(method, self.quantization, self.name)
+        except QuantizationError as exc:
+            raise ConfigError(str(exc)) from None
+        return self if fmt is None else replace(self, quantization=method, quantization_config=fmt)
+
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **overrides) -> ModelConfig:
         """Read a Hugging Face model directory's config.json (and generation_config.json)."""
@@ -126,10 +148,16 @@ class ModelConfig:
             raise ConfigError(
                 f"{config_file}: model_type is {model_type!r}; Cadence serves {', '.join(MODEL_TYPES)}"
             )
-        quantization = (hf.get("quantization_config") or {}).get("quant_method")
+        quantization_fields = hf.get("quantization_config") or {}
+        quantization = quantization_fields.get("quant_method")
         if quantization not in LINEAR_METHODS:
             raise ConfigError(f"{config_file}: quantization {quantization!r} is not supported: "
                               f"Cadence loads {_quantization_names()}")
+        try:
+            quantization_config = read_quantization_config(quantization, quantization_fields,
+                                                           str(config_file))
+        except QuantizationError as exc:
+            raise ConfigError(str(exc)) from None
         if hf.get("attention_bias", False):
             raise ConfigError(f"{config_file}: attention_bias=true is not supported by Cadence's Qwen3")
         if hf.get("use_sliding_window", False):
@@ -162,6 +190,7 @@ class ModelConfig:
                 generation=_read_generation_config(directory, eos),
                 model_type=model_type,
                 quantization=quantization,
+                quantization_config=quantization_config,
             )
         except KeyError as exc:
             raise ConfigError(f"{config_file} lacks the field {exc.args[0]!r}") from exc
@@ -339,6 +368,9 @@ class EngineConfig:
                     f"tp_size {tp} does not divide {what} {value} of model {m.name}: "
                     f"use a tp_size in {divisors}"
                 )
+        problem = m.quantization == "fp8" and fp8_shard_problem(m.q_size, m.kv_size, m.intermediate_size, tp)
+        if problem:
+            raise ConfigError(f"model {m.name} in FP8: {problem}")
         max_len = self.scheduler.max_model_len
         if max_len is not None and max_len > m.max_position_embeddings:
             raise ConfigError(

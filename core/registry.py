@@ -36,4 +36,5 @@ def attention_backend_choices() -> tuple[str, ...]:
 # stored in the model's dtype) -> its LinearMethod (core/execution/model/linear_method.py).
 LINEAR_METHODS: dict[str | None, str] = {
     None: "core.execution.model.unquantized_linear:UnquantizedLinearMethod",
+    "fp8": "core.execution.model.fp8_linear:Fp8LinearMethod",
 }

@@ -17,6 +17,7 @@ from core.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from core.quantization import QUANTIZE_AT_LOAD_METHODS
 from core.registry import AUTO_ATTENTION_BACKENDS, attention_backend_choices
 from procs.launch_options import LaunchOptions
 
@@ -62,6 +63,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="radix prefix cache over the KV pages (default: on)")
     group.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                        help="auto: the checkpoint's safetensors, or dummy weights for a preset")
+    group.add_argument("--quantization", "-q", choices=QUANTIZE_AT_LOAD_METHODS, default=None,
+                       help="fp8: quantize the linear weights of an unquantized checkpoint (or the dummy "
+                            "weights) to FP8 with 128 x 128 block scales at load, as Hugging Face's "
+                            "fine-grained FP8 checkpoints store them (default: the checkpoint's own format)")
     group.add_argument("--attention-backend", choices=attention_backend_choices(), default="auto",
                        help=f"auto: {AUTO_ATTENTION_BACKENDS['cuda']} on GPU, "
                             f"{AUTO_ATTENTION_BACKENDS['cpu']} on CPU")
@@ -94,6 +99,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     model = ModelConfig.from_name(args.model, dtype=dtype, load_format=args.load_format)
     if args.load_format == "safetensors" and model.model_path is None:
         raise ConfigError(f"--load-format safetensors needs a model directory, not the preset {args.model}")
+    if args.quantization is not None:
+        model = model.quantized_at_load(args.quantization)
     return EngineConfig(
         model=model,
         parallel=ParallelConfig(tp_size=args.tp, dp_size=args.dp),

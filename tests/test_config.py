@@ -194,9 +194,9 @@ def test_model_type_and_quantization_are_read_from_config_json(tiny_dir):
 
 def test_quantized_checkpoint_of_an_unsupported_format_is_refused_naming_it(tiny_dir):
     edit_config_json(tiny_dir, lambda hf: hf.update(
-        quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}))
-    with pytest.raises(ConfigError, match="config.json: quantization 'fp8' is not supported: "
-                                          "Cadence loads unquantized checkpoints"):
+        quantization_config={"quant_method": "awq", "bits": 4}))
+    with pytest.raises(ConfigError, match="config.json: quantization 'awq' is not supported: "
+                                          "Cadence loads unquantized checkpoints, fp8"):
         ModelConfig.from_pretrained(tiny_dir)
 
 

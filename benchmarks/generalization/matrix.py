@@ -4,6 +4,9 @@
         --markdown docs/reports/generalization.md
     python -m benchmarks.generalization --subset full --model qwen3-14b --load-format dummy \\
         --device cuda --out generalization_h200.json --markdown generalization_h200.md
+    python -m benchmarks.generalization --subset full --model qwen3-14b --load-format dummy \\
+        --device cuda --quantization fp8 --out generalization_h200_fp8.json \\
+        --markdown generalization_h200_fp8.md
 
 Each server configuration is launched once (Launcher, the native `api.client.Client`), its cells
 run in order, and it is shut down before the next starts:
@@ -124,6 +127,7 @@ def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int) -> l
 def describe_config(config: EngineConfig) -> dict[str, object]:
     return {
         "model": config.model.name, "device": config.device, "dtype": config.model.dtype,
+        "quantization": config.model.quantization,
         "dp": config.parallel.dp_size, "tp": config.parallel.tp_size, "block_size": config.cache.block_size,
         "num_pages": config.cache.num_pages, "prefix_caching": config.cache.enable_prefix_caching,
         "chunked_prefill": config.scheduler.enable_chunked_prefill,
@@ -170,7 +174,7 @@ class Matrix:
             "environment": self.environment,
             "settings": {
                 "subset": args.subset, "model": base.model.name, "device": base.device,
-                "dtype": base.model.dtype,
+                "dtype": base.model.dtype, "quantization": base.model.quantization,
                 "weights": "dummy" if base.model.weights_are_dummy else base.model.model_path,
                 "block_size": shape.block_size, "max_model_len": shape.max_model_len,
                 "prompt_lengths": list(shape.prompt_lengths), "output_lengths": list(shape.output_lengths),

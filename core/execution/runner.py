@@ -27,6 +27,7 @@ from core.execution.distributed import TPGroup
 from core.execution.host_to_device import to_device
 from core.execution.kv_cache import KVCache
 from core.execution.model.causal_lm import CausalLM
+from core.execution.model.layers import finish_loading
 from core.execution.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
 from core.execution.registry import registered_class
 from core.execution.sampler import Sampler, SamplingTensors
@@ -59,6 +60,8 @@ def build_model(config: EngineConfig, tp: TPGroup, show_progress: bool = True) -
         load_dummy(model, config.seed, device, dtype)
     else:
         load_checkpoint(model, config.model.model_path, show_progress=show_progress)
+    with torch.no_grad():
+        finish_loading(model)
     return model.eval()
 
 

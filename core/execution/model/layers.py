@@ -3,7 +3,8 @@
 Each sharded layer records, for every checkpoint tensor it is built from, which slice of that tensor
 this rank holds and where it goes in the layer's parameter (`CheckpointSlice`). The loader is then
 one generic loop: look the name up, read the slice straight from the file, copy it in. The linear
-layers split their matrices over the ranks and leave the weight's parameters, the checkpoint
+layers know their checkpoint matrices' names from construction (so a checkpoint may leave some in
+another format), split them over the ranks and leave the weight's parameters, the checkpoint
 tensors behind them and the matmul to their LinearMethod (linear_method.py).
 """
 
@@ -41,10 +42,11 @@ class RMSNorm(nn.Module):
 class ColumnParallelLinear(nn.Module):
     """y = x W^T with W's rows split over the TP ranks. Several checkpoint matrices may be packed
     into one (q, k and v; gate and up): `out_sizes` are their full row counts, `shard_names` the
-    checkpoint names' suffixes, each split separately so every rank holds its share of each."""
+    checkpoint names' suffixes after `prefix`, each split separately so every rank holds its share
+    of each."""
 
     def __init__(self, in_features: int, out_sizes: list[int], shard_names: list[str], tp: TPGroup,
-                 linear_method: LinearMethod) -> None:
+                 linear_method: LinearMethod, prefix: str) -> None:
         super().__init__()
         for size, name in zip(out_sizes, shard_names):
             if size % tp.size:
@@ -52,18 +54,18 @@ class ColumnParallelLinear(nn.Module):
         self.in_features = in_features
         self.local_sizes = [size // tp.size for size in out_sizes]
         self.out_sizes = out_sizes
-        self.shard_names = shard_names
+        self.matrix_names = [f"{prefix}.{name}" for name in shard_names]
         self.tp = tp
-        self.linear_method = linear_method
-        linear_method.create_weights(self, in_features, self.local_sizes)
+        self.linear_method = linear_method.method_for(self.matrix_names)
+        self.linear_method.create_weights(self, in_features, self.local_sizes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_method.apply(self, x)
 
-    def checkpoint_slices(self, prefix: str) -> SliceMap:
+    def checkpoint_slices(self) -> SliceMap:
         matrices, offset = {}, 0
-        for name, full, local in zip(self.shard_names, self.out_sizes, self.local_sizes):
-            matrices[f"{prefix}.{name}"] = CheckpointSlice(
+        for name, full, local in zip(self.matrix_names, self.out_sizes, self.local_sizes):
+            matrices[name] = CheckpointSlice(
                 (full, self.in_features), dim=0, start=self.tp.rank * local, length=local, dest_offset=offset
             )
             offset += local
@@ -71,27 +73,37 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """y = x W^T with W's columns split over the TP ranks; the partial sums are all-reduced."""
+    """y = x W^T with W's columns split over the TP ranks; the partial sums are all-reduced. `prefix`
+    is the checkpoint matrix's name (`model.layers.0.mlp.down_proj`)."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TPGroup, linear_method: LinearMethod) -> None:
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup, linear_method: LinearMethod,
+                 prefix: str) -> None:
         super().__init__()
         if in_features % tp.size:
             raise ValueError(f"{in_features} input features do not split over {tp.size} ranks")
         self.in_features = in_features
         self.out_features = out_features
         self.local_in = in_features // tp.size
+        self.matrix_name = prefix
         self.tp = tp
-        self.linear_method = linear_method
-        linear_method.create_weights(self, self.local_in, [out_features])
+        self.linear_method = linear_method.method_for([prefix])
+        self.linear_method.create_weights(self, self.local_in, [out_features])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.linear_method.apply(self, x))
 
-    def checkpoint_slices(self, prefix: str) -> SliceMap:
+    def checkpoint_slices(self) -> SliceMap:
         return self.linear_method.checkpoint_slices({
-            prefix: CheckpointSlice((self.out_features, self.in_features), dim=1,
-                                    start=self.tp.rank * self.local_in, length=self.local_in)
+            self.matrix_name: CheckpointSlice((self.out_features, self.in_features), dim=1,
+                                              start=self.tp.rank * self.local_in, length=self.local_in)
         })
+
+
+def finish_loading(model: nn.Module) -> None:
+    """Once every checkpoint tensor is in: let each linear layer's method prepare what it multiplies."""
+    for module in model.modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+            module.linear_method.process_weights_after_loading(module)
 
 
 class VocabParallelEmbedding(nn.Module):

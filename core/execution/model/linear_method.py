@@ -29,6 +29,11 @@ class LinearMethod(ABC):
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
 
+    def method_for(self, matrices: list[str]) -> LinearMethod:
+        """The method that serves the layer packing these checkpoint matrices (`model.layers.0.mlp.up_proj`):
+        this one, unless the checkpoint leaves them in another format (FP8's modules_to_not_convert)."""
+        return self
+
     @abstractmethod
     def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int]) -> None:
         """Register on `layer` the parameters of this rank's weight: `in_features` columns and
@@ -40,6 +45,10 @@ class LinearMethod(ABC):
         matrix's name (`model.layers.0.mlp.up_proj`, without `.weight`) to the slice of its weight this
         rank holds and where that goes in the layer's weight; the answer maps every checkpoint tensor
         to (the layer's parameter name, its slice)."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - most need nothing
+        """Turn the loaded parameters into the ones `apply` multiplies (FP8 quantizes a weight loaded
+        in the model's dtype); called once per layer after the last tensor is in."""
 
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:

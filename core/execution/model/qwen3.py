@@ -5,7 +5,8 @@ checkpoint tensor maps to one parameter slice (`checkpoint_slices`). q/k/v and g
 into one column-parallel matmul each; o_proj and down_proj are row-parallel and all-reduce. The
 elementwise work between the matmuls runs as fused kernels (core/execution/model/fused.py); for that the
 residual stream travels beside each layer's output, as in vLLM, and the next norm adds it. The
-linear layers hold and multiply their weights through the checkpoint format's LinearMethod.
+linear layers hold and multiply their weights through the checkpoint format's LinearMethod; they are
+built with their checkpoint names (`prefix`), so a format may treat some of them differently.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _prefixed(module_prefix: str, slices: SliceMap) -> SliceMap:
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int, tp: TPGroup, linear: LinearMethod) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, tp: TPGroup, linear: LinearMethod,
+                 prefix: str) -> None:
         super().__init__()
         self.layer_index = layer_index
         self.num_heads = config.num_heads // tp.size
@@ -47,9 +49,9 @@ class Qwen3Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.qkv_proj = ColumnParallelLinear(
             config.hidden_size, [config.q_size, config.kv_size, config.kv_size],
-            ["q_proj", "k_proj", "v_proj"], tp, linear,
+            ["q_proj", "k_proj", "v_proj"], tp, linear, prefix,
         )
-        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, tp, linear)
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, tp, linear, f"{prefix}.o_proj")
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
@@ -69,38 +71,40 @@ class Qwen3Attention(nn.Module):
 
     def checkpoint_slices(self, prefix: str) -> SliceMap:
         return {
-            **_prefixed("qkv_proj", self.qkv_proj.checkpoint_slices(prefix)),
-            **_prefixed("o_proj", self.o_proj.checkpoint_slices(f"{prefix}.o_proj")),
+            **_prefixed("qkv_proj", self.qkv_proj.checkpoint_slices()),
+            **_prefixed("o_proj", self.o_proj.checkpoint_slices()),
             **_prefixed("q_norm", self.q_norm.checkpoint_slices(f"{prefix}.q_norm")),
             **_prefixed("k_norm", self.k_norm.checkpoint_slices(f"{prefix}.k_norm")),
         }
 
 
 class Qwen3MLP(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup, linear: LinearMethod) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup, linear: LinearMethod, prefix: str) -> None:
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(
-            config.hidden_size, [config.intermediate_size] * 2, ["gate_proj", "up_proj"], tp, linear
+            config.hidden_size, [config.intermediate_size] * 2, ["gate_proj", "up_proj"], tp, linear, prefix
         )
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, tp, linear)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, tp, linear,
+                                           f"{prefix}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
-    def checkpoint_slices(self, prefix: str) -> SliceMap:
+    def checkpoint_slices(self) -> SliceMap:
         return {
-            **_prefixed("gate_up_proj", self.gate_up_proj.checkpoint_slices(prefix)),
-            **_prefixed("down_proj", self.down_proj.checkpoint_slices(f"{prefix}.down_proj")),
+            **_prefixed("gate_up_proj", self.gate_up_proj.checkpoint_slices()),
+            **_prefixed("down_proj", self.down_proj.checkpoint_slices()),
         }
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int, tp: TPGroup, linear: LinearMethod) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, tp: TPGroup, linear: LinearMethod,
+                 prefix: str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Qwen3Attention(config, layer_index, tp, linear)
+        self.self_attn = Qwen3Attention(config, layer_index, tp, linear, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = Qwen3MLP(config, tp, linear)
+        self.mlp = Qwen3MLP(config, tp, linear, f"{prefix}.mlp")
 
     def forward(self, hidden, residual, positions, rope, kv_cache, backend, meta
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,15 +125,15 @@ class Qwen3DecoderLayer(nn.Module):
             **_prefixed("self_attn", self.self_attn.checkpoint_slices(f"{prefix}.self_attn")),
             **_prefixed("post_attention_layernorm",
                         self.post_attention_layernorm.checkpoint_slices(f"{prefix}.post_attention_layernorm")),
-            **_prefixed("mlp", self.mlp.checkpoint_slices(f"{prefix}.mlp")),
+            **_prefixed("mlp", self.mlp.checkpoint_slices()),
         }
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup, linear: LinearMethod) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup, linear: LinearMethod, prefix: str) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i, tp, linear)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i, tp, linear, f"{prefix}.layers.{i}")
                                     for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
@@ -154,7 +158,7 @@ class Qwen3Model(nn.Module):
 class Qwen3ForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
         super().__init__(config, tp)
-        self.model = Qwen3Model(config, tp, linear_method_for(config))
+        self.model = Qwen3Model(config, tp, linear_method_for(config), "model")
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
