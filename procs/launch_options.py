@@ -17,5 +17,12 @@ class LaunchOptions:
     # step (a full 8,192-token prefill of the 14B model takes under a second on an H200; the Triton
     # compiles happen at start-up), far below the minute after which a user gives up.
     step_timeout_s: float = 30.0
+    # A TP rank waits this long for its peers at start-up (the rendezvous, the first all-reduce), and
+    # a collective of the group fails after it. Ranks start together and reach the rendezvous
+    # within seconds of each other, and ranks that load their shards in parallel reach the warm-up's
+    # first collective within seconds too; two minutes is far above both and a fifth of the
+    # ten-minute NCCL default that vLLM and SGLang keep, after which a missing rank is reported
+    # instead of a start-up that just hangs.
+    dist_timeout_s: float = 120.0
     shutdown_timeout_s: float = 10.0  # per stage, before SIGKILL
     runtime_root: str | None = None  # where the private socket directory goes (tests)

@@ -1,17 +1,20 @@
-"""TP=2 over gloo, in two real processes, computes the logits TP=1 computes from the same checkpoint."""
+"""TP=2 over gloo, in two real processes, computes the logits TP=1 computes from the same checkpoint;
+a rank that never joins is named by its peer once the timeout has passed."""
 
 from __future__ import annotations
 
 import socket
+import time
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 from plans import Chunk, make_plan
 from tiny_models import build_tiny_checkpoint
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig
-from core.execution.distributed import TPGroup, init_tp_group
+from core.execution.distributed import TPGroup, TPStartupError, init_tp_group
 from core.execution.runner import ModelRunner
 
 BLOCK_SIZE = 16
@@ -83,3 +86,40 @@ def test_tp2_logits_equal_tp1(tmp_path):
     for step, (ours, theirs) in enumerate(zip(tp2, expected)):
         error = float(np.abs(ours - theirs.numpy()).max() / np.abs(theirs.numpy()).max())
         assert error < 1e-5, f"step {step}: TP=2 logits differ from TP=1 by {error:.2e}"
+
+
+def _join_worker(rank: int, port: int, absent_rank: int, timeout_s: float, queue) -> None:
+    if rank == absent_rank:  # never reaches its peers: alive, silent
+        time.sleep(10 * timeout_s)
+        return
+    started = time.monotonic()
+    try:
+        init_tp_group(rank, 2, f"tcp://127.0.0.1:{port}", "gloo", "cpu", timeout_s=timeout_s)
+        queue.put((rank, "joined", time.monotonic() - started))
+    except TPStartupError as exc:
+        queue.put((rank, str(exc), time.monotonic() - started))
+
+
+@pytest.mark.parametrize("absent_rank", [1, 0])
+def test_a_rank_that_never_joins_is_named_by_its_peer_within_the_dist_timeout(absent_rank):
+    timeout_s = 3.0
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_join_worker, args=(r, port, absent_rank, timeout_s, queue))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        rank, message, waited_s = queue.get(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(10)
+    assert rank == 1 - absent_rank
+    assert message.startswith(f"tp={rank} on cpu")
+    if absent_rank == 1:  # tp=0 hosts the rendezvous and sees who is missing
+        assert "tp=1 of 2 ranks did not join the TP group within 3 s" in message
+    else:
+        assert "could not reach the rendezvous that tp=0 hosts" in message
+    assert timeout_s <= waited_s < timeout_s + 5, f"gave up after {waited_s:.1f} s"
