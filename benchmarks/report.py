@@ -8,7 +8,9 @@ optionally broadcast.json (`python -m benchmarks.broadcast`) and the JSON of
 `python -m benchmarks.kernels` (given with --kernels) and of `python -m benchmarks.step_profile`
 (--step-profile). Every table row names the command that made it. performance.json
 holds the same figures for programs (each run's load-tool JSON without its per-request arrays),
-plus `peer_ratio` = Cadence's total token throughput over the peer's on the same workload.
+plus `peer_ratio` = Cadence's total token throughput over the peer's on the same workload, and
+`layouts`: the multi-card runs by layout, "not run: needs N GPUs" where their JSON is absent
+(benchmarks/layout_report.py).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import os
 import platform
 import subprocess
 
+from benchmarks.layout_report import layout_markdown, layout_rows
 from benchmarks.lib.load_summary import sampling_text
 
 ORDER = ("chat", "c1", "c1_defaults", "c16", "c64", "c302", "c302_defaults", "c1_sync", "c302_sync",
-         "prefix_on", "prefix_on_sync", "prefix_off", "dp2", "peer_cadence", "tp2")
-_BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time")
+         "prefix_on", "prefix_on_sync", "prefix_off", "dp2", "peer_cadence", "tp2", "tp2_c302", "tp4", "tp8",
+         "dp2_gpus", "dp4_gpus", "dp8_gpus", "dp2tp2")
+# Per-request and per-sample arrays of the load tool, a drill's /health samples, the matrix's cells.
+_BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time", "health", "cells")
 
 # Issue targets (Qwen3-14B, bf16, one H200) and vLLM's figures on the same workloads.
 TARGETS = [
@@ -71,6 +76,7 @@ def build(results: dict[str, dict], machine: str) -> dict:
         ideal = on.get("ideal_prefix_cache_hit_rate")
         if ideal and on.get("prefix_cache_hit_rate") is not None:
             figures["prefix_hit_rate_of_ideal"] = on["prefix_cache_hit_rate"] / ideal
+    figures["layouts"] = layout_rows(results)
     return figures
 
 
@@ -192,6 +198,8 @@ def markdown(figures: dict, notes: str) -> str:
             *target_rows,
             "",
         ]
+    if "layouts" in figures:
+        lines += layout_markdown(figures["layouts"])
     if "broadcast" in figures:
         b = figures["broadcast"]
         lines += [

@@ -18,6 +18,17 @@ Runs (the performance report's keys):
   prefix_on_sync       prefix_on's prompts one step at a time (--no-async-scheduling)
   dp2                  c302's request shape, 500 prompts, two replicas sharing the card (--dp 2)
   peer_cadence, peer   256 x 512 in / 128 out through Cadence, and through transformers' generate_batch
+On several cards (benchmarks/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them), one card
+per rank:
+  tp2, tp4, tp8        c1 with --tp 2, 4, 8 (2, 4, 8 GPUs); tp2_c302: c302 with --tp 2 (2 GPUs)
+  dp2_gpus, dp4_gpus,  c302's prompts x N at concurrency 302 x N with --dp N (N GPUs)
+  dp8_gpus
+  dp2tp2               --dp 2 --tp 2, c302's prompts x 2 at concurrency 604 (4 GPUs)
+  tp2_kill, dp2_kill,  fault drills: SIGKILL of one executor under load (2, 2 and 4 GPUs)
+  dp2tp2_kill
+  matrix_multi_gpu     the generalization matrix's multi-gpu subset (2 GPUs and up)
+A run that needs more GPUs than are visible is not run: the suite says so and goes on. --dry-run
+prints every command (and what would not run here) without starting anything.
 --scale shrinks every workload's prompt count (for a quick look; the report says so).
 """
 
@@ -33,6 +44,15 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+
+from benchmarks.layout_runs import (
+    LAYOUT_RUNS,
+    MATRIX_KEY,
+    MULTI_GPU_GROUP,
+    LayoutRun,
+    drill_command,
+    matrix_command,
+)
 
 RANDOM = ["--dataset", "random", "--input-len", "1784", "--output-len", "256"]
 # Decode-bound: 1,024-token prompts that c128_warm has put in the prefix cache, 256 tokens out.
@@ -98,6 +118,17 @@ RUNS = {
 }
 
 
+# The multi-card load runs go through the same server-and-load path; drills and the matrix do not.
+RUNS.update({k: Run(k, r.server_flags, r.load_flags, r.num_prompts, r.prompts_of)
+             for k, r in LAYOUT_RUNS.items() if not r.kill and k != MATRIX_KEY})
+GROUPS = {"multi-gpu": list(MULTI_GPU_GROUP)}
+ALL_KEYS = list(dict.fromkeys([*RUNS, "peer", *LAYOUT_RUNS]))
+
+
+def gpus_needed(key: str) -> int:
+    return LAYOUT_RUNS[key].gpus if key in LAYOUT_RUNS else 1
+
+
 def _load_flags(run: Run, scale: float) -> list[str]:
     flags = list(run.load_flags)
     count = max(1, round(run.num_prompts * scale))
@@ -153,28 +184,52 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--model", default="qwen3-14b", help="served with --load-format dummy (default %(default)s)"
     )
-    p.add_argument(
-        "--runs", default="c1,c16,c64,c302", help=f"comma-separated, of {', '.join([*RUNS, 'peer'])}"
-    )
+    p.add_argument("--runs", default="c1,c16,c64,c302",
+                   help=f"comma-separated, of {', '.join(ALL_KEYS)}; or {', '.join(GROUPS)}")
     p.add_argument("--out-dir", required=True, help="one JSON per run, plus server logs")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every workload's size (default 1)")
     p.add_argument("--port", type=int, default=8321, help="the server's port (default %(default)s)")
     p.add_argument("--server-flags", default="", help="extra flags for every cadence serve, quoted")
     p.add_argument("--startup-timeout", type=float, default=900, help="seconds for a server to get healthy")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each run's commands, and which runs this machine has too few GPUs for; "
+                        "start nothing")
     args = p.parse_args(argv)
-    os.makedirs(args.out_dir, exist_ok=True)
     base = ["--model", args.model, "--load-format", "dummy", *shlex.split(args.server_flags)]
-    keys = [k for k in args.runs.split(",") if k]
-    unknown = [k for k in keys if k not in RUNS and k != "peer"]
+    keys = [k for group in args.runs.split(",") if group for k in GROUPS.get(group, [group])]
+    unknown = [k for k in keys if k not in ALL_KEYS]
     if unknown:
-        raise SystemExit(f"unknown run(s) {unknown}; choose from {', '.join([*RUNS, 'peer'])}")
+        raise SystemExit(f"unknown run(s) {unknown}; choose from {', '.join(ALL_KEYS)}")
+    if not args.dry_run:
+        os.makedirs(args.out_dir, exist_ok=True)
+    visible = _visible_gpus() if any(gpus_needed(k) > 1 for k in keys) else None
     server, server_flags = None, None
     try:
         for key in keys:
             if key == "peer":
                 continue
+            needed = gpus_needed(key)
+            if visible is not None and needed > 1 and needed > visible:
+                print(f"[suite] {key}: not run: needs {needed} GPUs, {visible} visible", flush=True)
+                if not args.dry_run:
+                    continue
+            layout = LAYOUT_RUNS.get(key)
+            if layout is not None and key not in RUNS:  # a drill or the matrix: a command of its own
+                if server is not None:  # its cards must be free
+                    server.stop()
+                    server, server_flags = None, None
+                _run_command(layout, [*base, *layout.server_flags], args)
+                continue
             run = RUNS[key]
             flags = [*base, *run.server_flags]
+            # Each run its own prompts (--seed): one run's prompts are no cache hits for the next.
+            load = ["--base-url", f"http://127.0.0.1:{args.port}", *_load_flags(run, args.scale),
+                    "--label", key, "--no-progress", "--seed", str(list(RUNS).index(run.prompts_of or key)),
+                    "--out", os.path.join(args.out_dir, f"{key}.json")]
+            print(f"[suite] {key}: cadence serve {shlex.join(flags)} ; python -m benchmarks.load "
+                  f"{shlex.join(load)}", flush=True)
+            if args.dry_run:
+                continue
             if flags != server_flags:
                 if server is not None:
                     server.stop()
@@ -182,24 +237,10 @@ def main(argv: list[str] | None = None) -> None:
                     flags, args.port, os.path.join(args.out_dir, f"server_{key}.log"), args.startup_timeout
                 )
                 server_flags = flags
-            # Each run its own prompts (--seed): one run's prompts are no cache hits for the next.
-            load = ["--base-url", server.url, *_load_flags(run, args.scale), "--label", key, "--no-progress",
-                    "--seed", str(list(RUNS).index(run.prompts_of or key)),
-                    "--out", os.path.join(args.out_dir, f"{key}.json")]
-            print(
-                f"[suite] {key}: cadence serve {shlex.join(flags)} ; python -m benchmarks.load "
-                f"{shlex.join(load)}",
-                flush=True,
-            )
             started = time.perf_counter()
             subprocess.run([sys.executable, "-m", "benchmarks.load", *load], check=False)
-            _annotate(
-                os.path.join(args.out_dir, f"{key}.json"),
-                flags,
-                load,
-                args.scale,
-                time.perf_counter() - started,
-            )
+            _annotate(os.path.join(args.out_dir, f"{key}.json"), flags, load, args.scale,
+                      time.perf_counter() - started, needed)
     finally:
         if server is not None:
             server.stop()
@@ -219,10 +260,40 @@ def main(argv: list[str] | None = None) -> None:
             out,
         ]
         print(f"[suite] peer: python -m benchmarks.peer_hf {shlex.join(peer)}", flush=True)
-        subprocess.run([sys.executable, "-m", "benchmarks.peer_hf", *peer], check=False)
+        if not args.dry_run:
+            subprocess.run([sys.executable, "-m", "benchmarks.peer_hf", *peer], check=False)
 
 
-def _annotate(path: str, server_flags: list[str], load_flags: list[str], scale: float, wall_s: float) -> None:
+def _visible_gpus() -> int:
+    """What the launcher will find (procs/devices.py); 0 on a machine without CUDA."""
+    from procs.devices import visible_gpu_count
+
+    return visible_gpu_count()
+
+
+def _run_command(run: LayoutRun, serve_flags: list[str], args: argparse.Namespace) -> None:
+    """A fault drill or the generalization matrix: a program that starts its own servers."""
+    if run.key == MATRIX_KEY:
+        command = matrix_command(args.model, args.out_dir)
+    else:
+        command = drill_command(run, serve_flags, args.scale, args.out_dir)
+    print(f"[suite] {run.key}: {shlex.join(['python', *command[1:]])}", flush=True)
+    if args.dry_run:
+        return
+    started = time.perf_counter()
+    subprocess.run(command, check=False)  # a drill exits 1 when requests failed: its JSON says which
+    path = os.path.join(args.out_dir, f"{run.key}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            result = json.load(f)
+        result.update(suite_command=shlex.join(["python", *command[1:]]), gpus=run.gpus, scale=args.scale,
+                      wall_s=time.perf_counter() - started)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def _annotate(path: str, server_flags: list[str], load_flags: list[str], scale: float, wall_s: float,
+              gpus: int) -> None:
     """Write the commands that made a result into it, so the report can name them."""
     if not os.path.exists(path):
         return
@@ -232,6 +303,7 @@ def _annotate(path: str, server_flags: list[str], load_flags: list[str], scale: 
     result["load_command"] = f"python -m benchmarks.load {shlex.join(load_flags)}"
     result["scale"] = scale
     result["wall_s"] = wall_s
+    result["gpus"] = gpus
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
 
