@@ -16,7 +16,8 @@ Runs (the performance report's keys):
   prefix_on/off        shared-prefix: 64 groups x 16 prompts, 2,048-token system, 128 question, 256 out,
                        with the prefix cache on and off
   prefix_on_sync       prefix_on's prompts one step at a time (--no-async-scheduling)
-  dp2                  c302's request shape, 500 prompts, two replicas sharing the card (--dp 2)
+  dp2                  c302's request shape, 500 prompts, two replicas sharing one card (--dp 2
+                       --device cuda:0)
   peer_cadence, peer   256 x 512 in / 128 out through Cadence, and through transformers' generate_batch
 On several cards (benchmarks/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them), one card
 per rank:
@@ -96,7 +97,7 @@ RUNS = {
     ),
     # Two replicas on one card only show the router and the replicas' overhead (DP is for several
     # cards): half of c302's prompts keep the run short.
-    "dp2": Run("dp2", ("--dp", "2"), (*RANDOM, "--max-concurrency", "302"), 500),
+    "dp2": Run("dp2", ("--dp", "2", "--device", "cuda:0"), (*RANDOM, "--max-concurrency", "302"), 500),
     "peer_cadence": Run("peer_cadence", (), PEER_WORKLOAD, 256),
     # The same prompts as c1 and c302, one step at a time (each on a server of its own).
     "c1_sync": Run("c1_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
