@@ -66,7 +66,7 @@ def _build_runner(spec: ExecutorSpec):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.config.parallel.world_size))
     tp_size = spec.config.parallel.tp_size
     fault = fault_for(spec.replica, spec.rank)
-    if fault is not None and fault.at == JOIN:  # a drill: never reach the peers (or die trying)
+    if fault is not None and fault.at == JOIN:  # a drill: a rank that hangs, dies or fails before joining
         logging.getLogger(__name__).warning("fault drill: %s before joining the TP group", fault.action)
         strike(fault)
     tp = TPGroup() if tp_size == 1 else init_tp_group(

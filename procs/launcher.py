@@ -7,7 +7,7 @@ sends its error through the handshake and the launcher raises LaunchError with i
 child and its device (and, for a TP rank, the peers still starting: the one that never joined is
 among them). Before anything starts, procs/devices.py checks that the cards the layout needs are
 visible. A TP rank that cannot reach its peers gives up after --dist-timeout
-(core/execution/distributed.py), so a broken multi-card start-up ends in seconds, not in a hang.
+(core/execution/distributed.py), so a broken multi-card start-up ends with a name, not in a hang.
 
 Supervision waits on the children's sentinels, so a death is noticed at once. A dead executor
 takes its replica down (the scheduler moves the replica's requests to live ones); a dead scheduler
@@ -220,9 +220,9 @@ class Launcher:
                     ready = decode(conn.recv_bytes())
                 except (EOFError, OSError, CodecError):
                     child.process.join(5)
-                    raise LaunchError(f"{child.label} exited with code {child.process.exitcode} before it "
-                                      f"was ready; its log above says why{_peers_starting(child, pending)}"
-                                      ) from None
+                    why = (f"{child.label} exited with code {child.process.exitcode} before it was ready; "
+                           f"its log above says why{_peers_starting(child, pending)}")
+                    raise LaunchError(why) from None
                 finally:
                     conn.close()
                 if not isinstance(ready, Ready) or ready.error is not None:
@@ -290,7 +290,7 @@ def _stop(child: Child, timeout_s: float) -> None:
         process.join(5)
 
 
-def _peers_starting(child: Child, pending: dict) -> str:
+def _peers_starting(child: Child, pending: dict[Connection, Child]) -> str:
     """For an executor: its replica's ranks that have not reported ready, e.g. the rank that never
     joined the TP group its peer gave up on."""
     peers = [c.label for c in pending.values() if c.replica == child.replica and c.replica >= 0]
