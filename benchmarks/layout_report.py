@@ -35,12 +35,13 @@ def layout_rows(results: dict[str, dict]) -> dict[str, list[dict]]:
     return sections
 
 
-def layout_markdown(sections: dict[str, list[dict]]) -> list[str]:
+def layout_markdown(sections: dict[str, list[dict]], machine: str | None = None) -> list[str]:
     """The report's "Layouts on several cards" part: one subsection per layout."""
     ran = sum(not row["result"].startswith("not run") for rows in sections.values() for row in rows)
     total = sum(len(rows) for rows in sections.values())
     lines = ["## Layouts on several cards", "",
-             f"{ran} of {total} runs made. Each is a `cadence serve` with one card per rank, Qwen3-14B with "
+             f"{ran} of {total} runs made" + (f", on {machine}" if ran and machine else "")
+             + ". Each is a `cadence serve` with one card per rank, Qwen3-14B with "
              "dummy weights, from `python -m benchmarks.suite --runs multi-gpu` (benchmarks/layout_runs.py "
              "lists every run's workload); a row stays \"not run: needs N GPUs\" until a machine with that "
              "many cards runs it.", ""]

@@ -10,7 +10,10 @@ optionally broadcast.json (`python -m benchmarks.broadcast`) and the JSON of
 holds the same figures for programs (each run's load-tool JSON without its per-request arrays),
 plus `peer_ratio` = Cadence's total token throughput over the peer's on the same workload, and
 `layouts`: the multi-card runs by layout, "not run: needs N GPUs" where their JSON is absent
-(benchmarks/layout_report.py).
+(benchmarks/layout_report.py). The multi-card runs may come from another machine than the rest:
+
+    python -m benchmarks.report --results docs/reports/h200 --machine "one NVIDIA H200" \
+        --layout-results results_8gpu/ --layout-machine "eight NVIDIA H100" ...
 """
 
 from __future__ import annotations
@@ -63,7 +66,10 @@ def load_results(directory: str) -> dict[str, dict]:
     return results
 
 
-def build(results: dict[str, dict], machine: str) -> dict:
+def build(results: dict[str, dict], machine: str, layout_results: dict[str, dict] | None = None,
+          layout_machine: str | None = None) -> dict:
+    """The figures of `results`; the layout rows from `layout_results` (made on `layout_machine`)
+    when given, else from `results` too."""
     figures = {"machine": machine, "platform": platform.platform(), "cadence_commit": _git_commit()}
     for key, result in results.items():
         figures[key] = {k: v for k, v in result.items() if k not in _BULKY}
@@ -76,7 +82,9 @@ def build(results: dict[str, dict], machine: str) -> dict:
         ideal = on.get("ideal_prefix_cache_hit_rate")
         if ideal and on.get("prefix_cache_hit_rate") is not None:
             figures["prefix_hit_rate_of_ideal"] = on["prefix_cache_hit_rate"] / ideal
-    figures["layouts"] = layout_rows(results)
+    figures["layouts"] = layout_rows(results if layout_results is None else layout_results)
+    if layout_machine:
+        figures["layout_machine"] = layout_machine
     return figures
 
 
@@ -199,7 +207,7 @@ def markdown(figures: dict, notes: str) -> str:
             "",
         ]
     if "layouts" in figures:
-        lines += layout_markdown(figures["layouts"])
+        lines += layout_markdown(figures["layouts"], figures.get("layout_machine"))
     if "broadcast" in figures:
         b = figures["broadcast"]
         lines += [
@@ -281,10 +289,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--machine", required=True, help="what the runs ran on, in words")
     p.add_argument("--kernels", help="the JSON of python -m benchmarks.kernels, for its table")
     p.add_argument("--step-profile", help="the JSON of python -m benchmarks.step_profile, for its table")
+    p.add_argument("--layout-results", help="the directory of the multi-card runs' JSON, when they ran "
+                                            "elsewhere (default: --results)")
+    p.add_argument("--layout-machine", help="what the multi-card runs ran on (default: --machine)")
     p.add_argument("--notes", help="a Markdown file appended to the report (findings, known issues)")
     p.add_argument("--out-dir", default="docs/reports", help="where performance.md/.json go")
     args = p.parse_args(argv)
-    figures = build(load_results(args.results), args.machine)
+    layout_results = load_results(args.layout_results) if args.layout_results else None
+    figures = build(load_results(args.results), args.machine, layout_results, args.layout_machine)
     if args.kernels:
         with open(args.kernels) as f:
             figures["kernels"] = json.load(f)

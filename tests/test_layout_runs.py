@@ -82,14 +82,17 @@ def test_runs_that_are_there_are_held_to_their_goals(tmp_path):
     (results / "dp2_gpus.json").write_text(json.dumps(c302))
     drill = json.loads((REPORTS / "h200" / "faults" / "drill_dp2_kill_executor.json").read_text())
     (results / "dp2_kill.json").write_text(json.dumps(drill))
-    report.main(["--results", str(results), "--machine", "two H100", "--out-dir", str(tmp_path)])
+    report.main(["--results", str(REPORTS / "h200"), "--machine", "one H200", "--layout-results",
+                 str(results), "--layout-machine", "two H100", "--out-dir", str(tmp_path)])
     rows = {row["run"]: row for section in json.loads((tmp_path / "performance.json").read_text())["layouts"]
             .values() for row in section}
     assert rows["tp2"]["met"] is True and "TPOT median 4.10 ms" in rows["tp2"]["result"]
     assert rows["dp2_gpus"]["met"] is False and "90.0% of 2 x c302" in rows["dp2_gpus"]["result"]
     assert rows["dp2_kill"]["met"] is True and rows["dp2_kill"]["result"].startswith("400 of 400 completed")
     assert rows["tp4"]["result"] == "not run: needs 4 GPUs"
-    assert "3 of 12 runs made" in (tmp_path / "performance.md").read_text()
+    markdown = (tmp_path / "performance.md").read_text()
+    assert "3 of 12 runs made, on two H100." in markdown
+    assert "Machine: one H200." in markdown  # the single-card rows still come from --results
 
 
 def test_the_layout_sections_of_the_committed_report_match_what_the_report_would_write():
