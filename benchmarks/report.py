@@ -10,7 +10,8 @@ optionally broadcast.json (`python -m benchmarks.broadcast`) and the JSON of
 holds the same figures for programs (each run's load-tool JSON without its per-request arrays),
 plus `peer_ratio` = Cadence's total token throughput over the peer's on the same workload, and
 `layouts`: the multi-card runs by layout, "not run: needs N GPUs" where their JSON is absent
-(benchmarks/layout_report.py). The multi-card runs may come from another machine than the rest:
+(benchmarks/lib/layout_report.py). The multi-card runs may come from another machine than the
+rest:
 
     python -m benchmarks.report --results docs/reports/h200 --machine "one NVIDIA H200" \
         --layout-results results_8gpu/ --layout-machine "eight NVIDIA H100" ...
@@ -24,7 +25,7 @@ import os
 import platform
 import subprocess
 
-from benchmarks.layout_report import layout_markdown, layout_rows
+from benchmarks.lib.layout_report import layout_markdown, layout_rows
 from benchmarks.lib.load_summary import sampling_text
 
 ORDER = ("chat", "c1", "c1_defaults", "c16", "c64", "c302", "c302_defaults", "c1_sync", "c302_sync",

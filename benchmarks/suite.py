@@ -19,8 +19,8 @@ Runs (the performance report's keys):
   dp2                  c302's request shape, 500 prompts, two replicas sharing one card (--dp 2
                        --device cuda:0)
   peer_cadence, peer   256 x 512 in / 128 out through Cadence, and through transformers' generate_batch
-On several cards (benchmarks/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them), one card
-per rank:
+On several cards (benchmarks/lib/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them),
+one card per rank:
   tp2, tp4, tp8        c1 with --tp 2, 4, 8 (2, 4, 8 GPUs); tp2_c302: c302 with --tp 2 (2 GPUs)
   dp2_gpus, dp4_gpus,  c302's prompts x N at concurrency 302 x N with --dp N (N GPUs)
   dp8_gpus
@@ -46,7 +46,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from benchmarks.layout_runs import (
+from benchmarks.lib.layout_runs import (
     LAYOUT_RUNS,
     MATRIX_KEY,
     MULTI_GPU_GROUP,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import report, suite
-from benchmarks.layout_runs import LAYOUT_RUNS, LAYOUTS
+from benchmarks.lib.layout_runs import LAYOUT_RUNS, LAYOUTS
 from procs import devices
 
 REPORTS = Path(__file__).resolve().parent.parent / "docs" / "reports"

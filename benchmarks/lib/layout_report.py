@@ -1,4 +1,4 @@
-"""The performance report's sections for layouts on several cards (benchmarks/layout_runs.py).
+"""The performance report's sections for layouts on several cards (benchmarks/lib/layout_runs.py).
 
 Every run of the multi-card validation has a row in its layout's section, run or not: a run whose
 JSON is not among the results reads "not run: needs N GPUs", so the report says what has not been
@@ -8,7 +8,7 @@ performance.json holds the same rows under "layouts".
 
 from __future__ import annotations
 
-from benchmarks.layout_runs import LAYOUT_RUNS, LAYOUTS, MATRIX_KEY, LayoutRun
+from benchmarks.lib.layout_runs import LAYOUT_RUNS, LAYOUTS, MATRIX_KEY, LayoutRun
 
 # c1 median TPOT goals (ms) of the issue that asked for TP; TP 1 on one H200 is 8.4 ms.
 TPOT_GOAL_MS = {"tp2": 4.3, "tp4": 3.0}
@@ -41,10 +41,10 @@ def layout_markdown(sections: dict[str, list[dict]], machine: str | None = None)
     total = sum(len(rows) for rows in sections.values())
     lines = ["## Layouts on several cards", "",
              f"{ran} of {total} runs made" + (f", on {machine}" if ran and machine else "")
-             + ". Each is a `cadence serve` with one card per rank, Qwen3-14B with "
-             "dummy weights, from `python -m benchmarks.suite --runs multi-gpu` (benchmarks/layout_runs.py "
-             "lists every run's workload); a row stays \"not run: needs N GPUs\" until a machine with that "
-             "many cards runs it.", ""]
+             + ". Each is a `cadence serve` with one card per rank, Qwen3-14B with dummy weights, from "
+             "`python -m benchmarks.suite --runs multi-gpu` (benchmarks/lib/layout_runs.py lists every "
+             "run's workload); a row stays \"not run: needs N GPUs\" until a machine with that many cards "
+             "runs it.", ""]
     for name, rows in sections.items():
         gpus = sorted({row["gpus"] for row in rows})
         lines += [f"### {name} ({', '.join(map(str, gpus))} GPUs)", "",
