@@ -26,3 +26,7 @@ class LaunchOptions:
     dist_timeout_s: float = 120.0
     shutdown_timeout_s: float = 10.0  # per stage, before SIGKILL
     runtime_root: str | None = None  # where the private socket directory goes (tests)
+
+    def __post_init__(self) -> None:
+        if not self.dist_timeout_s > 0:
+            raise ValueError(f"--dist-timeout must be positive (seconds), not {self.dist_timeout_s}")

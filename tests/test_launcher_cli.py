@@ -16,7 +16,7 @@ from system_client import GREEDY, SystemClient, tiny_config
 from ipc.shm_ring import SHM_DIR
 from procs import devices
 from procs.devices import GPUCountError, assign_devices
-from procs.launcher import Launcher, LaunchError
+from procs.launcher import Launcher, LaunchError, LaunchOptions
 
 
 def _cadence_pids(parent: int | None = None) -> set[int]:
@@ -86,3 +86,8 @@ def test_each_rank_gets_a_card_of_its_own_or_all_share_a_single_card():
         assign_devices(dp2_tp2, num_visible=3)
     with pytest.raises(GPUCountError, match="no CUDA device is visible"):
         assign_devices(dp2_tp2, num_visible=0)
+
+
+def test_a_dist_timeout_that_is_not_positive_is_refused():
+    with pytest.raises(ValueError, match=r"--dist-timeout must be positive \(seconds\), not 0"):
+        LaunchOptions(dist_timeout_s=0)
