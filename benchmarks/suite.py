@@ -84,7 +84,7 @@ class Run:
     prompts_of: str = ""  # another run whose prompts (seed) this one repeats, for a like-for-like pair
 
 
-RUNS = {
+SINGLE_CARD_RUNS = {
     "chat": Run("chat", (), ("--dataset", "multi-turn", "--conversations", "1", "--turns", "2",
                              "--output-len", "128"), 2),
     "c1": Run("c1", (), (*RANDOM, "--max-concurrency", "1"), 16),
@@ -119,9 +119,11 @@ RUNS = {
 }
 
 
-# The multi-card load runs go through the same server-and-load path; drills and the matrix do not.
-RUNS.update({k: Run(k, r.server_flags, r.load_flags, r.num_prompts, r.prompts_of)
-             for k, r in LAYOUT_RUNS.items() if not r.kill and k != MATRIX_KEY})
+# Every server-and-load run: the multi-card load runs after the single-card ones (whose --seed, their
+# index here, stays what it was); drills and the matrix start servers of their own.
+RUNS = {**SINGLE_CARD_RUNS,
+        **{k: Run(k, r.server_flags, r.load_flags, r.num_prompts, r.prompts_of)
+           for k, r in LAYOUT_RUNS.items() if not r.kill and k != MATRIX_KEY}}
 GROUPS = {"multi-gpu": list(MULTI_GPU_GROUP)}
 ALL_KEYS = list(dict.fromkeys([*RUNS, "peer", *LAYOUT_RUNS]))
 
