@@ -8,7 +8,13 @@ optionally broadcast.json (`python -m benchmarks.broadcast`) and the JSON of
 `python -m benchmarks.kernels` (given with --kernels) and of `python -m benchmarks.step_profile`
 (--step-profile). Every table row names the command that made it. performance.json
 holds the same figures for programs (each run's load-tool JSON without its per-request arrays),
-plus `peer_ratio` = Cadence's total token throughput over the peer's on the same workload.
+plus `peer_ratio` = Cadence's total token throughput over the peer's on the same workload, and
+`layouts`: the multi-card runs by layout, "not run: needs N GPUs" where their JSON is absent
+(benchmarks/lib/layout_report.py). The multi-card runs may come from another machine than the
+rest:
+
+    python -m benchmarks.report --results docs/reports/h200 --machine "one NVIDIA H200" \
+        --layout-results results_8gpu/ --layout-machine "eight NVIDIA H100" ...
 """
 
 from __future__ import annotations
@@ -19,12 +25,15 @@ import os
 import platform
 import subprocess
 
+from benchmarks.lib.layout_report import layout_markdown, layout_rows
 from benchmarks.lib.load_summary import sampling_text
 
 ORDER = ("chat", "c1", "c1_defaults", "c16", "c64", "c302", "c302_defaults", "c1_sync", "c302_sync",
-         "prefix_on", "prefix_on_sync", "prefix_off", "dp2", "peer_cadence", "tp2",
+         "prefix_on", "prefix_on_sync", "prefix_off", "dp2", "prefix_burst_dp1", "prefix_burst_dp2",
+         "peer_cadence", "tp2", "tp2_c302", "tp4", "tp8", "dp2_gpus", "dp4_gpus", "dp8_gpus", "dp2tp2",
          "c1_fp8", "c302_fp8", "prefix_on_fp8", "peer_cadence_fp8")
-_BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time")
+# Per-request and per-sample arrays of the load tool, a drill's /health samples, the matrix's cells.
+_BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time", "health", "cells")
 
 # Issue targets (Qwen3-14B, bf16, one H200) and vLLM's figures on the same workloads.
 TARGETS = [
@@ -64,7 +73,10 @@ def load_results(directory: str) -> dict[str, dict]:
     return results
 
 
-def build(results: dict[str, dict], machine: str) -> dict:
+def build(results: dict[str, dict], machine: str, layout_results: dict[str, dict] | None = None,
+          layout_machine: str | None = None) -> dict:
+    """The figures of `results`; the layout rows from `layout_results` (made on `layout_machine`)
+    when given, else from `results` too."""
     figures = {"machine": machine, "platform": platform.platform(), "cadence_commit": _git_commit()}
     for key, result in results.items():
         figures[key] = {k: v for k, v in result.items() if k not in _BULKY}
@@ -80,6 +92,9 @@ def build(results: dict[str, dict], machine: str) -> dict:
         ideal = on.get("ideal_prefix_cache_hit_rate")
         if ideal and on.get("prefix_cache_hit_rate") is not None:
             figures["prefix_hit_rate_of_ideal"] = on["prefix_cache_hit_rate"] / ideal
+    figures["layouts"] = layout_rows(results if layout_results is None else layout_results)
+    if layout_machine:
+        figures["layout_machine"] = layout_machine
     return figures
 
 
@@ -210,6 +225,8 @@ def markdown(figures: dict, notes: str) -> str:
             *target_rows,
             "",
         ]
+    if "layouts" in figures:
+        lines += layout_markdown(figures["layouts"], figures.get("layout_machine"))
     if "broadcast" in figures:
         b = figures["broadcast"]
         lines += [
@@ -308,10 +325,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--machine", required=True, help="what the runs ran on, in words")
     p.add_argument("--kernels", help="the JSON of python -m benchmarks.kernels, for its table")
     p.add_argument("--step-profile", help="the JSON of python -m benchmarks.step_profile, for its table")
+    p.add_argument("--layout-results", help="the directory of the multi-card runs' JSON, when they ran "
+                                            "elsewhere (default: --results)")
+    p.add_argument("--layout-machine", help="what the multi-card runs ran on (default: --machine)")
     p.add_argument("--notes", help="a Markdown file appended to the report (findings, known issues)")
     p.add_argument("--out-dir", default="docs/reports", help="where performance.md/.json go")
     args = p.parse_args(argv)
-    figures = build(load_results(args.results), args.machine)
+    layout_results = load_results(args.layout_results) if args.layout_results else None
+    figures = build(load_results(args.results), args.machine, layout_results, args.layout_machine)
     if args.kernels:
         with open(args.kernels) as f:
             figures["kernels"] = json.load(f)

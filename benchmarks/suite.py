@@ -16,14 +16,26 @@ Runs (the performance report's keys):
   prefix_on/off        shared-prefix: 64 groups x 16 prompts, 2,048-token system, 128 question, 256 out,
                        with the prefix cache on and off
   prefix_on_sync       prefix_on's prompts one step at a time (--no-async-scheduling)
-  dp2                  c302's request shape, 500 prompts, two replicas sharing the card (--dp 2)
+  dp2                  c302's request shape, 500 prompts, two replicas sharing one card (--dp 2
+                       --device cuda:0)
   prefix_burst_dp1,    a burst of groups: 32 groups x 16 prompts, 2,048-token system, 128 question,
-  prefix_burst_dp2     64 out, at concurrency 128 sent at once, on one replica and on two sharing the
+  prefix_burst_dp2     64 out, at concurrency 128 sent at once, on one replica and on two sharing one
                        card (the DP router's prefix locality: compare their prefix hit rates)
   peer_cadence, peer   256 x 512 in / 128 out through Cadence, and through transformers' generate_batch
   c1_fp8, c302_fp8,    c1, c302, prefix_on and peer_cadence's prompts on a server quantized to FP8 at
   prefix_on_fp8,       load (--quantization fp8: 128 x 128 block-scaled weights, 1 x 128 dynamic
   peer_cadence_fp8     activation groups), for the bf16 and FP8 rows side by side
+On several cards (benchmarks/lib/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them),
+one card per rank:
+  tp2, tp4, tp8        c1 with --tp 2, 4, 8 (2, 4, 8 GPUs); tp2_c302: c302 with --tp 2 (2 GPUs)
+  dp2_gpus, dp4_gpus,  c302's prompts x N at concurrency 302 x N with --dp N (N GPUs)
+  dp8_gpus
+  dp2tp2               --dp 2 --tp 2, c302's prompts x 2 at concurrency 604 (4 GPUs)
+  tp2_kill, dp2_kill,  fault drills: SIGKILL of one executor under load (2, 2 and 4 GPUs)
+  dp2tp2_kill
+  matrix_multi_gpu     the generalization matrix's multi-gpu subset (2 GPUs and up)
+A run that needs more GPUs than are visible is not run: the suite says so and goes on. --dry-run
+prints every command (and what would not run here) without starting anything.
 --scale shrinks every workload's prompt count (for a quick look; the report says so).
 """
 
@@ -39,6 +51,15 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+
+from benchmarks.lib.layout_runs import (
+    LAYOUT_RUNS,
+    MATRIX_KEY,
+    MULTI_GPU_GROUP,
+    LayoutRun,
+    drill_command,
+    matrix_command,
+)
 
 RANDOM = ["--dataset", "random", "--input-len", "1784", "--output-len", "256"]
 # Decode-bound: 1,024-token prompts that c128_warm has put in the prefix cache, 256 tokens out.
@@ -73,7 +94,7 @@ class Run:
     prompts_of: str = ""  # another run whose prompts (seed) this one repeats, for a like-for-like pair
 
 
-RUNS = {
+SINGLE_CARD_RUNS = {
     "chat": Run("chat", (), ("--dataset", "multi-turn", "--conversations", "1", "--turns", "2",
                              "--output-len", "128"), 2),
     "c1": Run("c1", (), (*RANDOM, "--max-concurrency", "1"), 16),
@@ -86,9 +107,10 @@ RUNS = {
     ),
     # Two replicas on one card only show the router and the replicas' overhead (DP is for several
     # cards): half of c302's prompts keep the run short.
-    "dp2": Run("dp2", ("--dp", "2"), (*RANDOM, "--max-concurrency", "302"), 500),
+    "dp2": Run("dp2", ("--dp", "2", "--device", "cuda:0"), (*RANDOM, "--max-concurrency", "302"), 500),
     "prefix_burst_dp1": Run("prefix_burst_dp1", (), tuple(SHARED_BURST), 512),
-    "prefix_burst_dp2": Run("prefix_burst_dp2", ("--dp", "2"), tuple(SHARED_BURST), 512, "prefix_burst_dp1"),
+    "prefix_burst_dp2": Run("prefix_burst_dp2", ("--dp", "2", "--device", "cuda:0"), tuple(SHARED_BURST), 512,
+                            "prefix_burst_dp1"),
     "peer_cadence": Run("peer_cadence", (), PEER_WORKLOAD, 256),
     # The same prompts as c1 and c302, one step at a time (each on a server of its own).
     "c1_sync": Run("c1_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
@@ -113,6 +135,19 @@ RUNS = {
     "prefix_on_fp8": Run("prefix_on_fp8", FP8, (*SHARED, "--max-concurrency", "256"), 1024, "prefix_on"),
     "peer_cadence_fp8": Run("peer_cadence_fp8", FP8, PEER_WORKLOAD, 256, "peer_cadence"),
 }
+
+
+# Every server-and-load run: the multi-card load runs after the single-card ones (whose --seed, their
+# index here, stays what it was); drills and the matrix start servers of their own.
+RUNS = {**SINGLE_CARD_RUNS,
+        **{k: Run(k, r.server_flags, r.load_flags, r.num_prompts, r.prompts_of)
+           for k, r in LAYOUT_RUNS.items() if not r.kill and k != MATRIX_KEY}}
+GROUPS = {"multi-gpu": list(MULTI_GPU_GROUP)}
+ALL_KEYS = list(dict.fromkeys([*RUNS, "peer", *LAYOUT_RUNS]))
+
+
+def gpus_needed(key: str) -> int:
+    return LAYOUT_RUNS[key].gpus if key in LAYOUT_RUNS else 1
 
 
 def _load_flags(run: Run, scale: float) -> list[str]:
@@ -171,28 +206,52 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--model", default="qwen3-14b", help="served with --load-format dummy (default %(default)s)"
     )
-    p.add_argument(
-        "--runs", default="c1,c16,c64,c302", help=f"comma-separated, of {', '.join([*RUNS, 'peer'])}"
-    )
+    p.add_argument("--runs", default="c1,c16,c64,c302",
+                   help=f"comma-separated, of {', '.join(ALL_KEYS)}; or {', '.join(GROUPS)}")
     p.add_argument("--out-dir", required=True, help="one JSON per run, plus server logs")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every workload's size (default 1)")
     p.add_argument("--port", type=int, default=8321, help="the server's port (default %(default)s)")
     p.add_argument("--server-flags", default="", help="extra flags for every cadence serve, quoted")
     p.add_argument("--startup-timeout", type=float, default=900, help="seconds for a server to get healthy")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each run's commands, and which runs this machine has too few GPUs for; "
+                        "start nothing")
     args = p.parse_args(argv)
-    os.makedirs(args.out_dir, exist_ok=True)
     base = ["--model", args.model, "--load-format", "dummy", *shlex.split(args.server_flags)]
-    keys = [k for k in args.runs.split(",") if k]
-    unknown = [k for k in keys if k not in RUNS and k != "peer"]
+    keys = [k for group in args.runs.split(",") if group for k in GROUPS.get(group, [group])]
+    unknown = [k for k in keys if k not in ALL_KEYS]
     if unknown:
-        raise SystemExit(f"unknown run(s) {unknown}; choose from {', '.join([*RUNS, 'peer'])}")
+        raise SystemExit(f"unknown run(s) {unknown}; choose from {', '.join(ALL_KEYS)}")
+    if not args.dry_run:
+        os.makedirs(args.out_dir, exist_ok=True)
+    visible = _visible_gpus() if any(gpus_needed(k) > 1 for k in keys) else None
     server, server_flags = None, None
     try:
         for key in keys:
             if key == "peer":
                 continue
+            needed = gpus_needed(key)
+            if visible is not None and needed > 1 and needed > visible:
+                print(f"[suite] {key}: not run: needs {needed} GPUs, {visible} visible", flush=True)
+                if not args.dry_run:
+                    continue
+            layout = LAYOUT_RUNS.get(key)
+            if layout is not None and key not in RUNS:  # a drill or the matrix: a command of its own
+                if server is not None:  # its cards must be free
+                    server.stop()
+                    server, server_flags = None, None
+                _run_command(layout, [*base, *layout.server_flags], args)
+                continue
             run = RUNS[key]
             flags = [*base, *run.server_flags]
+            # Each run its own prompts (--seed): one run's prompts are no cache hits for the next.
+            load = ["--base-url", f"http://127.0.0.1:{args.port}", *_load_flags(run, args.scale),
+                    "--label", key, "--no-progress", "--seed", str(list(RUNS).index(run.prompts_of or key)),
+                    "--out", os.path.join(args.out_dir, f"{key}.json")]
+            print(f"[suite] {key}: cadence serve {shlex.join(flags)} ; python -m benchmarks.load "
+                  f"{shlex.join(load)}", flush=True)
+            if args.dry_run:
+                continue
             if flags != server_flags:
                 if server is not None:
                     server.stop()
@@ -200,24 +259,10 @@ def main(argv: list[str] | None = None) -> None:
                     flags, args.port, os.path.join(args.out_dir, f"server_{key}.log"), args.startup_timeout
                 )
                 server_flags = flags
-            # Each run its own prompts (--seed): one run's prompts are no cache hits for the next.
-            load = ["--base-url", server.url, *_load_flags(run, args.scale), "--label", key, "--no-progress",
-                    "--seed", str(list(RUNS).index(run.prompts_of or key)),
-                    "--out", os.path.join(args.out_dir, f"{key}.json")]
-            print(
-                f"[suite] {key}: cadence serve {shlex.join(flags)} ; python -m benchmarks.load "
-                f"{shlex.join(load)}",
-                flush=True,
-            )
             started = time.perf_counter()
             subprocess.run([sys.executable, "-m", "benchmarks.load", *load], check=False)
-            _annotate(
-                os.path.join(args.out_dir, f"{key}.json"),
-                flags,
-                load,
-                args.scale,
-                time.perf_counter() - started,
-            )
+            _annotate(os.path.join(args.out_dir, f"{key}.json"), flags, load, args.scale,
+                      time.perf_counter() - started, needed)
     finally:
         if server is not None:
             server.stop()
@@ -237,10 +282,40 @@ def main(argv: list[str] | None = None) -> None:
             out,
         ]
         print(f"[suite] peer: python -m benchmarks.peer_hf {shlex.join(peer)}", flush=True)
-        subprocess.run([sys.executable, "-m", "benchmarks.peer_hf", *peer], check=False)
+        if not args.dry_run:
+            subprocess.run([sys.executable, "-m", "benchmarks.peer_hf", *peer], check=False)
 
 
-def _annotate(path: str, server_flags: list[str], load_flags: list[str], scale: float, wall_s: float) -> None:
+def _visible_gpus() -> int:
+    """What the launcher will find (procs/devices.py); 0 on a machine without CUDA."""
+    from procs.devices import visible_gpu_count
+
+    return visible_gpu_count()
+
+
+def _run_command(run: LayoutRun, serve_flags: list[str], args: argparse.Namespace) -> None:
+    """A fault drill or the generalization matrix: a program that starts its own servers."""
+    if run.key == MATRIX_KEY:
+        command = matrix_command(args.model, args.out_dir)
+    else:
+        command = drill_command(run, serve_flags, args.scale, args.out_dir)
+    print(f"[suite] {run.key}: {shlex.join(['python', *command[1:]])}", flush=True)
+    if args.dry_run:
+        return
+    started = time.perf_counter()
+    subprocess.run(command, check=False)  # a drill exits 1 when requests failed: its JSON says which
+    path = os.path.join(args.out_dir, f"{run.key}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            result = json.load(f)
+        result.update(suite_command=shlex.join(["python", *command[1:]]), gpus=run.gpus, scale=args.scale,
+                      wall_s=time.perf_counter() - started)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def _annotate(path: str, server_flags: list[str], load_flags: list[str], scale: float, wall_s: float,
+              gpus: int) -> None:
     """Write the commands that made a result into it, so the report can name them."""
     if not os.path.exists(path):
         return
@@ -250,6 +325,7 @@ def _annotate(path: str, server_flags: list[str], load_flags: list[str], scale: 
     result["load_command"] = f"python -m benchmarks.load {shlex.join(load_flags)}"
     result["scale"] = scale
     result["wall_s"] = wall_s
+    result["gpus"] = gpus
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
 

@@ -81,6 +81,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             f"(default: {LaunchOptions.step_timeout_s:g})")
     group.add_argument("--startup-timeout", type=float, default=LaunchOptions.startup_timeout_s,
                        help=f"seconds to load and profile (default: {LaunchOptions.startup_timeout_s:g})")
+    group.add_argument("--dist-timeout", type=float, default=LaunchOptions.dist_timeout_s,
+                       help="seconds a TP rank waits for its peers at start-up and in a collective before "
+                            "it fails naming the ranks that did not come "
+                            f"(default: {LaunchOptions.dist_timeout_s:g})")
     return parser
 
 
@@ -123,4 +127,4 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 def launch_options_from_args(args: argparse.Namespace) -> LaunchOptions:
     return LaunchOptions(served_model_name=getattr(args, "served_model_name", None),
                          tokenizer_path=args.tokenizer, step_timeout_s=args.step_timeout,
-                         startup_timeout_s=args.startup_timeout)
+                         startup_timeout_s=args.startup_timeout, dist_timeout_s=args.dist_timeout)

@@ -29,7 +29,7 @@ from ipc.codec import decode
 from ipc.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
 from ipc.step_frames import result_to_frames
 from procs.child import become, parent_alive, run_actor
-from procs.fault_injection import fault_for, strike
+from procs.fault_injection import JOIN, fault_for, strike
 from procs.plan_receiver import BadDoorbell, PlanReceiver, Step
 from procs.problem_log import ProblemLog
 
@@ -65,8 +65,13 @@ def _build_runner(spec: ExecutorSpec):
         # Every executor of the machine shares its cores; more threads than that only thrash.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.config.parallel.world_size))
     tp_size = spec.config.parallel.tp_size
+    fault = fault_for(spec.replica, spec.rank)
+    if fault is not None and fault.at == JOIN:  # a drill: a rank that hangs, dies or fails before joining
+        logging.getLogger(__name__).warning("fault drill: %s before joining the TP group", fault.action)
+        strike(fault)
     tp = TPGroup() if tp_size == 1 else init_tp_group(
-        spec.rank, tp_size, spec.dist_init_method, spec.dist_backend, timeout_s=spec.dist_timeout_s)
+        spec.rank, tp_size, spec.dist_init_method, spec.dist_backend, spec.device,
+        timeout_s=spec.dist_timeout_s)
     config = dataclasses.replace(spec.config, device=spec.device)
     return ModelRunner(config, tp=tp, show_progress=spec.rank == 0, memory_share=spec.kv_memory_share)
 
@@ -97,7 +102,8 @@ class Executor:
         # was one) never runs here, and the scheduler's step timeout names this rank as stuck.
         self.problems = ProblemLog(log)
         self.name = f"executor dp={spec.replica} tp={spec.rank}"
-        self.fault = fault_for(spec.replica, spec.rank)  # a drill: die at a chosen step
+        fault = fault_for(spec.replica, spec.rank)  # a drill: die at a chosen step
+        self.fault = None if fault is None or fault.at == JOIN else fault
         if self.fault is not None:
             log.warning("fault drill armed: %s", self.fault)
         self._ppid = os.getppid()

@@ -11,6 +11,12 @@ whose plan is of that kind: `prefill` (some request runs a chunk of its prompt t
 reach its end: a long chunked prefill), `mixed` (prompt chunks and one-token decodes in one step),
 `decode` (every request decodes one token) or `any`. A SIGKILL is what the kernel's OOM killer
 and a driver fault look like from outside: no cleanup, no goodbye. Unset, nothing is checked.
+
+`at=join` strikes at start-up instead, just before the executor joins its replica's TP group:
+
+    CADENCE_INJECT_FAULT="dp=0 tp=1 at=join do=hang" cadence serve --tp 2 --dist-timeout 10 ...
+
+is a rank that never reaches its peers; the others give up after --dist-timeout and name it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from core.plan import StepPlan
 
 ENV = "CADENCE_INJECT_FAULT"
 STEP_KINDS = ("prefill", "mixed", "decode", "any")
+JOIN = "join"  # at start-up, before joining the TP group, not at a step
 ACTIONS = ("kill", "raise", "hang")
 
 
@@ -36,13 +43,13 @@ class InjectedStepError(RuntimeError):
 class InjectedFault:
     replica: int
     rank: int
-    at: str  # one of STEP_KINDS
+    at: str  # one of STEP_KINDS, or JOIN
     after_step: int = 0
     action: str = "kill"  # one of ACTIONS
 
     def __post_init__(self) -> None:
-        if self.at not in STEP_KINDS:
-            raise ValueError(f"{ENV}: at={self.at!r} is not one of {', '.join(STEP_KINDS)}")
+        if self.at not in (*STEP_KINDS, JOIN):
+            raise ValueError(f"{ENV}: at={self.at!r} is not one of {', '.join((*STEP_KINDS, JOIN))}")
         if self.action not in ACTIONS:
             raise ValueError(f"{ENV}: do={self.action!r} is not one of {', '.join(ACTIONS)}")
         if self.replica < 0 or self.rank < 0 or self.after_step < 0:
@@ -64,7 +71,7 @@ class InjectedFault:
             raise ValueError(f"{ENV}={text!r}: {exc}") from None
 
     def fires(self, plan: StepPlan) -> bool:
-        return plan.step_id >= self.after_step and step_kind_matches(plan, self.at)
+        return self.at != JOIN and plan.step_id >= self.after_step and step_kind_matches(plan, self.at)
 
 
 def step_kind_matches(plan: StepPlan, kind: str) -> bool:
@@ -88,8 +95,10 @@ def fault_for(replica: int, rank: int) -> InjectedFault | None:
     return fault if (fault.replica, fault.rank) == (replica, rank) else None
 
 
-def strike(fault: InjectedFault, step_id: int) -> None:
-    """Suffer the fault now: SIGKILL or SIGSTOP this process, or raise InjectedStepError."""
+def strike(fault: InjectedFault, step_id: int | None = None) -> None:
+    """Suffer the fault now (at step `step_id`, or at start-up when None): SIGKILL or SIGSTOP this
+    process, or raise InjectedStepError."""
     if fault.action == "raise":
-        raise InjectedStepError(f"fault drill: step {step_id} failed on purpose")
+        where = "joining the TP group" if step_id is None else f"step {step_id}"
+        raise InjectedStepError(f"fault drill: {where} failed on purpose")
     os.kill(os.getpid(), signal.SIGSTOP if fault.action == "hang" else signal.SIGKILL)

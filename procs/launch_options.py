@@ -17,6 +17,13 @@ class LaunchOptions:
     # step (a full 8,192-token prefill of the 14B model takes under a second on an H200; the Triton
     # compiles happen at start-up), far below the minute after which a user gives up.
     step_timeout_s: float = 30.0
+    # A TP rank waits this long for its peers at start-up (the rendezvous, the first all-reduce), and
+    # a collective of the group fails after it. Ranks start together and reach the rendezvous
+    # within seconds of each other, and ranks that load their shards in parallel reach the warm-up's
+    # first collective within seconds too; two minutes is far above both and a fifth of the
+    # ten-minute NCCL default that vLLM and SGLang keep, after which a missing rank is reported
+    # instead of a start-up that just hangs.
+    dist_timeout_s: float = 120.0
     shutdown_timeout_s: float = 10.0  # per stage, before SIGKILL
     runtime_root: str | None = None  # where the private socket directory goes (tests)
     # tcp://host:port the tokenizer's front end listens on too, for native clients on other machines
@@ -24,7 +31,10 @@ class LaunchOptions:
     # with native_tcp: the key every client of the front end presents (ipc/native_auth.py); None: open
     native_api_key: str | None = None
 
+
     def __post_init__(self) -> None:
+        if not self.dist_timeout_s > 0:
+            raise ValueError(f"--dist-timeout must be positive (seconds), not {self.dist_timeout_s}")
         if self.native_tcp is not None and not self.native_tcp.startswith("tcp://"):
             raise ValueError(f"native_tcp must be a tcp://host:port address, got {self.native_tcp!r}")
         if self.native_api_key is not None and not self.native_api_key:

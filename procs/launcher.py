@@ -3,7 +3,11 @@
 Start order: the executors (all replicas, all TP ranks) and the tokenizer at once; when every
 executor has reported its KV pages, the scheduler, which sizes each replica's pool to the minimum
 over its ranks and pings every rank before it reports READY itself. A child that fails to start
-sends its error through the handshake and the launcher raises LaunchError with it.
+sends its error through the handshake and the launcher raises LaunchError with it, naming the
+child and its device (and, for a TP rank, the peers still starting: the one that never joined is
+among them). Before anything starts, procs/devices.py checks that the cards the layout needs are
+visible. A TP rank that cannot reach its peers gives up after --dist-timeout
+(core/execution/distributed.py), so a broken multi-card start-up ends with a name, not in a hang.
 
 Supervision waits on the children's sentinels, so a death is noticed at once. A dead executor
 takes its replica down (the scheduler moves the replica's requests to live ones); a dead scheduler
@@ -35,6 +39,7 @@ from ipc.endpoints import Endpoints
 from ipc.messages import ExecutorSpec, Ready, ReplicaDown, SchedulerSpec, Shutdown, TokenizerSpec
 from ipc.shm_ring import cleanup_stale, ring_name, run_prefix
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
+from procs.devices import GPUCountError, assign_devices
 from procs.executor_proc import run_executor
 from procs.launch_options import LaunchOptions
 from procs.scheduler_proc import run_scheduler
@@ -56,7 +61,13 @@ class Child:
     process: mp.Process
     ready_conn: Connection
     replica: int = -1
+    device: str = ""  # an executor's "cpu" or "cuda:N"
     ready: Ready | None = None
+
+    @property
+    def label(self) -> str:
+        """The name, with the device for an executor: "executor dp=0 tp=1 on cuda:1"."""
+        return f"{self.name} on {self.device}" if self.device else self.name
 
 
 @dataclass
@@ -111,14 +122,18 @@ class Launcher:
     def start(self) -> None:
         """Start everything and return once the whole system is ready; LaunchError otherwise."""
         config, options = self.config, self.options
+        try:
+            devices = assign_devices(config)
+        except GPUCountError as exc:
+            raise LaunchError(str(exc)) from None
         cleanup_stale(run_prefix(self.run_id))
         self.endpoints = eps = Endpoints.create(self.run_id, config.parallel.dp_size,
                                                 runtime_root=options.runtime_root)
         try:
             for replica in range(config.parallel.dp_size):
-                for spec in self._executor_specs(replica):
+                for spec in self._executor_specs(replica, devices):
                     child = self._spawn(f"executor dp={replica} tp={spec.rank}", run_executor, spec)
-                    child.replica = replica
+                    child.replica, child.device = replica, spec.device
                     self.replicas[replica].executors.append(child)
             self.tokenizer = self._spawn("tokenizer", run_tokenizer, TokenizerSpec(
                 config, options.served_model_name or config.model.name,
@@ -172,17 +187,17 @@ class Launcher:
 
     # --- startup helpers ------------------------------------------------------------------------
 
-    def _executor_specs(self, replica: int) -> list[ExecutorSpec]:
+    def _executor_specs(self, replica: int, devices: list[str]) -> list[ExecutorSpec]:
         config, eps = self.config, self.endpoints
         tp = config.parallel.tp_size
-        devices = _assign_devices(config)
         mine = devices[replica * tp : (replica + 1) * tp]
         distinct_cards = len(set(mine)) == tp and mine[0].startswith("cuda")
         init_method = f"tcp://127.0.0.1:{_free_port()}" if tp > 1 else ""
         return [
             ExecutorSpec(config, replica, rank, device, eps.doorbell(replica), eps.results,
                          ring_name(self.run_id, replica), init_method, "nccl" if distinct_cards else "gloo",
-                         kv_memory_share=1.0 / devices.count(device), spin_s=_spin_s(config))
+                         kv_memory_share=1.0 / devices.count(device), spin_s=_spin_s(config),
+                         dist_timeout_s=self.options.dist_timeout_s)
             for rank, device in enumerate(mine)
         ]
 
@@ -198,7 +213,7 @@ class Launcher:
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                names = ", ".join(c.name for c in pending.values())
+                names = ", ".join(c.label for c in pending.values())
                 raise LaunchError(f"{names} did not report ready within {self.options.startup_timeout_s:g} s")
             for conn in wait(list(pending), timeout=left):
                 child = pending.pop(conn)
@@ -206,13 +221,15 @@ class Launcher:
                     ready = decode(conn.recv_bytes())
                 except (EOFError, OSError, CodecError):
                     child.process.join(5)
-                    raise LaunchError(f"{child.name} exited with code {child.process.exitcode} before it "
-                                      f"was ready; its log above says why") from None
+                    why = (f"{child.label} exited with code {child.process.exitcode} before it was ready; "
+                           f"its log above says why{_peers_starting(child, pending)}")
+                    raise LaunchError(why) from None
                 finally:
                     conn.close()
                 if not isinstance(ready, Ready) or ready.error is not None:
                     error = ready.error if isinstance(ready, Ready) else f"unexpected {ready!r}"
-                    raise LaunchError(f"{child.name} failed to start: {error}")
+                    raise LaunchError(f"{child.label} failed to start: {error}"
+                                      f"{_peers_starting(child, pending)}")
                 child.ready = ready
 
     # --- supervision ----------------------------------------------------------------------------
@@ -265,6 +282,8 @@ def _stop(child: Child, timeout_s: float) -> None:
     process.join(0 if not process.is_alive() else min(timeout_s, 0.5))
     if process.is_alive():
         process.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGCONT)  # a stopped child (a hang drill) takes SIGTERM now
         process.join(timeout_s)
     if process.is_alive():
         log.warning("%s ignored SIGTERM for %g s; killing it", child.name, timeout_s)
@@ -272,19 +291,11 @@ def _stop(child: Child, timeout_s: float) -> None:
         process.join(5)
 
 
-def _assign_devices(config: EngineConfig) -> list[str]:
-    """The device of every executor, replica-major: executors beyond the card count share cards."""
-    world = config.parallel.world_size
-    if not config.device.startswith("cuda"):
-        return ["cpu"] * world
-    if ":" in config.device:
-        return [config.device] * world
-    import torch
-
-    num_cards = torch.cuda.device_count()
-    if num_cards == 0:
-        raise LaunchError("--device cuda, but no CUDA device is visible")
-    return [f"cuda:{g % num_cards}" for g in range(world)]
+def _peers_starting(child: Child, pending: dict[Connection, Child]) -> str:
+    """For an executor: its replica's ranks that have not reported ready, e.g. the rank that never
+    joined the TP group its peer gave up on."""
+    peers = [c.label for c in pending.values() if c.replica == child.replica and c.replica >= 0]
+    return f" (still starting: {', '.join(peers)})" if peers else ""
 
 
 def _spin_s(config: EngineConfig) -> float:

@@ -2,8 +2,9 @@
 
 Every cell must pass (each is a set of invariants: outputs equal across layouts, exact counts and
 finish reasons, num_cached_tokens as the radix cache should give it, a balanced pool after every
-cell), and the Markdown report must have one row per cell. The rule that compares two runs is specified
-on constructed outputs.
+cell), and the Markdown report must have one row per cell. The multi-gpu subset's layouts are
+skipped, saying how many GPUs each needs, where fewer are visible. The rule that compares two runs
+is specified on constructed outputs.
 """
 
 from __future__ import annotations
@@ -12,8 +13,16 @@ import pytest
 
 from api.generation import Generation
 from benchmarks.generalization.compare import Tolerance, compare
-from benchmarks.generalization.matrix import format_table, parse_args, run_matrix
+from benchmarks.generalization.matrix import (
+    MULTI_GPU_LAYOUTS,
+    Matrix,
+    base_config,
+    format_table,
+    parse_args,
+    run_matrix,
+)
 from benchmarks.generalization.report import render_markdown
+from benchmarks.generalization.workload import Workload, make_shape
 from ipc.messages import TopLogprob
 
 
@@ -84,3 +93,23 @@ def test_bf16_divergence_is_accepted_only_at_a_near_tie_of_the_two_tokens():
     assert "not the two tokens" in compare(reference, third, BF16).message
     shorter = _generation([5, 8], [[(5, -1.0), (9, -3.0)], [(8, -1.01), (6, -1.02)]])
     assert "2 tokens where the reference has 3" in compare(reference, shorter, BF16).message
+
+
+def test_the_multi_gpu_subset_skips_each_layout_without_its_cards_saying_how_many_it_needs(capsys):
+    args = parse_args(["--subset", "multi-gpu", "--device", "cpu", "--model", "qwen3-14b"])  # 8 KV heads
+    base = base_config(args)
+    workload = Workload(make_shape(args.subset, base.cache.block_size, base.max_model_len))
+    matrix = Matrix(args, base, workload, Tolerance.for_dtype(base.model.dtype, 1e-3, 0.35))
+    assert [p.name for p in matrix.plans] == ["reference", *MULTI_GPU_LAYOUTS]
+    for plan in matrix.plans[1:]:
+        matrix.run_server(plan)  # no server starts: the CPU has no GPU to give any layout
+    report = matrix.report()
+    gpus = {c["server"]: c["skipped"] for c in report["cells"]}
+    assert gpus["tp2"] == "not run: needs 2 GPUs, 0 visible"
+    assert gpus["dp2tp2"] == gpus["tp4"] == "not run: needs 4 GPUs, 0 visible"
+    assert gpus["dp8"] == "not run: needs 8 GPUs, 0 visible"
+    assert "[tp8] not run: needs 8 GPUs, 0 visible" in capsys.readouterr().out
+    assert report["num_skipped"] == len(MULTI_GPU_LAYOUTS) and report["num_passed"] == 0
+    assert not report["passed"]  # nothing ran
+    assert "TP 2, async scheduling on 2 GPUs" in format_table(report)
+    assert f"{len(MULTI_GPU_LAYOUTS)} not run (too few GPUs visible)" in render_markdown(report)

@@ -1,8 +1,8 @@
 """`cadence serve` when one of its processes dies (SIGKILL) while a stream runs. The stream ends
 with an error event naming the dead process and /health answers 503 within seconds. Without the
 scheduler or the tokenizer the command exits 1 naming it; with its only executor dead it keeps
-answering (503) until stopped. Nothing is left behind: no process of the server, no file in
-/dev/shm."""
+answering (503) until stopped. A TP rank that never reaches its peers ends the start-up after
+--dist-timeout, naming it. Nothing is left behind: no process of the server, no file in /dev/shm."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from benchmarks.lib.processes import find_by_title, remember, survivors
+from benchmarks.lib.processes import cmdline, find_by_title, remember, survivors
 from ipc.shm_ring import SHM_DIR
 
 
@@ -102,4 +102,34 @@ def test_a_dead_process_fails_the_streams_and_turns_health_503(victim):
             server.kill()
             server.communicate()
     assert survivors(processes, wait_s=5) == []
+    assert [n for n in os.listdir(SHM_DIR) if n.startswith(f"cadence-{server.pid}-")] == []
+
+
+def test_a_tp_rank_that_never_joins_ends_cadence_serve_naming_it_after_the_dist_timeout(tmp_path):
+    env = dict(os.environ, CADENCE_INJECT_FAULT="dp=0 tp=1 at=join do=hang")
+    command = [sys.executable, "-m", "api", "serve", "--device", "cpu", "--port", str(_free_port()),
+               "--tp", "2", "--dist-timeout", "5", "--max-model-len", "256"]
+    started = time.monotonic()
+    with open(tmp_path / "serve.log", "w+") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            processes: dict[int, int] = {}
+            while server.poll() is None and len(processes) < 3:  # both executors and the tokenizer
+                processes = {pid: since for pid, since in remember(server.pid).items()
+                             if cmdline(pid).startswith("cadence:")}
+                time.sleep(0.05)
+            server.wait(timeout=120)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+        log.seek(0)
+        output = log.read()
+    # Well within the 900 s start-up timeout: the spawn, torch's import, then 5 s of waiting.
+    assert time.monotonic() - started < 60, output
+    assert server.returncode == 1, output
+    assert ("executor dp=0 tp=0 on cpu failed to start: TPStartupError: tp=0 on cpu: tp=1 of 2 ranks did "
+            "not join the TP group within 5 s (--dist-timeout) (still starting: executor dp=0 tp=1 on cpu)"
+            ) in output
+    assert len(processes) == 3 and survivors(processes, wait_s=5) == []
     assert [n for n in os.listdir(SHM_DIR) if n.startswith(f"cadence-{server.pid}-")] == []

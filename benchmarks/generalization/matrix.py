@@ -7,6 +7,8 @@
     python -m benchmarks.generalization --subset full --model qwen3-14b --load-format dummy \\
         --device cuda --quantization fp8 --out generalization_h200_fp8.json \\
         --markdown generalization_h200_fp8.md
+    python -m benchmarks.generalization --subset multi-gpu --model qwen3-14b --load-format dummy \\
+        --device cuda --out generalization_multi_gpu.json --markdown generalization_multi_gpu.md
 
 Each server configuration is launched once (Launcher, the native `api.client.Client`), its cells
 run in order, and it is shut down before the next starts:
@@ -27,6 +29,12 @@ run in order, and it is shut down before the next starts:
   the executor), on the reference's settings and on a pool small enough to preempt. The other
   servers run one step at a time, as the reference does.
 * dp2, tp2: two replicas, and one replica split over two ranks.
+
+`--subset multi-gpu` is the full subset's reference and, instead of the other servers, the layouts
+on cards of their own (MULTI_GPU_LAYOUTS: DP 2, 4, 8, TP 2, 4, 8, DP 2 x TP 2, and TP 2 with async
+scheduling), each with the layout cell. A layout needs one visible GPU per rank; where fewer are
+visible its cell is skipped with a line that says how many it needs, and the run still passes if
+every cell that ran passed.
 
 After every cell the pool must balance (benchmarks/generalization/server.py): every replica alive,
 nothing running or waiting, kv_usage 0, every page free or held only by the prefix cache, within
@@ -52,9 +60,7 @@ import datetime
 import json
 import logging
 import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -64,6 +70,7 @@ from pathlib import Path
 from api.client import ClientError
 from benchmarks.generalization.cell import Cell, CellContext, Checks
 from benchmarks.generalization.compare import Tolerance
+from benchmarks.generalization.environment import environment
 from benchmarks.generalization.layout_cells import (
     chunked_cell,
     identical_prompts_cell,
@@ -76,12 +83,17 @@ from benchmarks.generalization.reference_cells import reference_cells
 from benchmarks.generalization.report import render_markdown
 from benchmarks.generalization.server import NotIdle, Server
 from benchmarks.generalization.workload import Workload, make_shape
-from core.config import EngineConfig, ParallelConfig
+from core.config import ConfigError, EngineConfig, ParallelConfig
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
+from procs.devices import visible_gpu_count
 
-DEFAULT_MAX_MODEL_LEN = {"cpu": 512, "full": 2048}
+DEFAULT_MAX_MODEL_LEN = {"cpu": 512, "full": 2048, "multi-gpu": 2048}
 SERVER_NAMES = ("reference", "prefix-cache", "chunked", "preemption", "async", "async-preemption", "dp2",
                 "tp2")
+# The multi-gpu subset's servers: (dp, tp, async scheduling), every rank on a card of its own.
+MULTI_GPU_LAYOUTS = {"dp2": (2, 1, False), "tp2": (1, 2, False), "tp2-async": (1, 2, True),
+                     "dp4": (4, 1, False), "tp4": (1, 4, False), "dp2tp2": (2, 2, False),
+                     "dp8": (8, 1, False), "tp8": (1, 8, False)}
 
 
 @dataclass(frozen=True)
@@ -89,10 +101,12 @@ class ServerPlan:
     name: str
     config: EngineConfig
     cells: list[Cell]
+    gpus: int = 0  # visible GPUs it needs, one per rank (the multi-gpu subset); 0: it runs anywhere
 
 
-def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int) -> list[ServerPlan]:
-    """Every server configuration of the matrix, reference first (the others compare against it)."""
+def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int,
+                 subset: str = "cpu") -> list[ServerPlan]:
+    """Every server configuration of the subset, reference first (the others compare against it)."""
     budget = max(base.scheduler.max_num_batched_tokens, base.max_model_len)
     reference = replace(base, parallel=ParallelConfig(tp_size=1, dp_size=1),
                         cache=replace(base.cache, enable_prefix_caching=False),
@@ -106,6 +120,9 @@ def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int) -> l
                          scheduler=replace(reference.scheduler, enable_chunked_prefill=True,
                                            max_num_batched_tokens=base.scheduler.max_num_batched_tokens))
     layout = "the probe and first batch prompts at once reproduce DP1 TP1's outputs"
+    if subset == "multi-gpu":
+        return [ServerPlan("reference", reference, reference_cells(workload)),
+                *multi_gpu_plans(reference, layout)]
     return [
         ServerPlan("reference", reference, reference_cells(workload)),
         ServerPlan("prefix-cache", cached, prefix_cache_cells()),
@@ -122,6 +139,24 @@ def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int) -> l
         ServerPlan("tp2", replace(reference, parallel=ParallelConfig(tp_size=2, dp_size=1)),
                    [layout_cell("TP 2", layout)]),
     ]
+
+
+def multi_gpu_plans(reference: EngineConfig, layout: str) -> list[ServerPlan]:
+    """The layouts on cards of their own, on the reference's settings (async scheduling where named);
+    a TP size the model's heads do not split into is left out, with a line saying so."""
+    plans = []
+    for name, (dp, tp, async_scheduling) in MULTI_GPU_LAYOUTS.items():
+        try:
+            config = replace(reference, parallel=ParallelConfig(tp_size=tp, dp_size=dp),
+                             scheduler=replace(reference.scheduler, async_scheduling=async_scheduling))
+        except ConfigError as exc:
+            _say(f"[{name}] left out: {exc}")
+            continue
+        words = " x ".join(w for w in (f"DP {dp}" if dp > 1 else "", f"TP {tp}" if tp > 1 else "") if w)
+        words += ", async scheduling" if async_scheduling else ""
+        checks = layout + ("; every replica serves some" if dp > 1 else "")
+        plans.append(ServerPlan(name, config, [layout_cell(f"{words} on {dp * tp} GPUs", checks)], dp * tp))
+    return plans
 
 
 def describe_config(config: EngineConfig) -> dict[str, object]:
@@ -153,7 +188,9 @@ class Matrix:
         self.workload = workload
         self.tolerance = tolerance
         self.options = launch_options_from_args(args)
-        self.plans = server_plans(base, workload, args.chunk_budget)
+        self.plans = server_plans(base, workload, args.chunk_budget, args.subset)
+        # Cards a layout can have to itself; a named card (cuda:N) or the CPU gives none.
+        self.visible_gpus = visible_gpu_count() if base.device == "cuda" else 0
         self.refs = {}
         self.cells: list[dict] = []
         self.servers: list[dict] = []
@@ -167,6 +204,7 @@ class Matrix:
     def report(self) -> dict:
         """Everything so far: the command, machine, settings, servers and one record per cell."""
         args, shape, base, cells = self.args, self.workload.shape, self.base, self.cells
+        ran = [c for c in cells if not c.get("skipped")]
         return {
             "command": args.command,
             "started_at": self.started_at.isoformat(timespec="seconds"),
@@ -185,12 +223,20 @@ class Matrix:
             "servers": self.servers,
             "cells": cells,
             "num_cells": len(cells),
-            "num_passed": sum(c["passed"] for c in cells),
-            "passed": bool(cells) and all(c["passed"] for c in cells),
+            "num_passed": sum(c["passed"] for c in ran),
+            "num_skipped": len(cells) - len(ran),
+            "passed": bool(ran) and all(c["passed"] for c in ran),
         }
 
     def run_server(self, plan: ServerPlan) -> None:
         config = describe_config(plan.config)
+        if plan.gpus > self.visible_gpus:
+            why = f"not run: needs {plan.gpus} GPUs, {self.visible_gpus} visible"
+            self.servers.append({"name": plan.name, "config": config, "startup_s": None, "error": why})
+            self.cells += [dict(_record(cell, plan.name, config, [], {}, 0.0), passed=None, skipped=why)
+                           for cell in plan.cells]
+            _say(f"[{plan.name}] {why}")
+            return
         server = Server(plan.name, plan.config, self.options, self.args.request_timeout)
         _say(f"[{plan.name}] starting: {_layout_words(config)}")
         try:
@@ -274,39 +320,6 @@ def run_matrix(args: argparse.Namespace, on_progress: Callable[[dict], None] | N
     return matrix.report()
 
 
-def environment() -> dict[str, object]:
-    import torch
-
-    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            if torch.cuda.is_available() else [])
-    return {
-        "platform": platform.platform(), "machine": platform.machine(), "processor": _cpu_name(),
-        "cpu_count": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)), "gpus": gpus,
-        "python": platform.python_version(), "torch": torch.__version__, "cadence_commit": _git_commit(),
-    }
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                        platform.processor())
-    except OSError:
-        return platform.processor()
-
-
-def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit + (" (with uncommitted changes)" if dirty else "")
-
-
 # --- the command line -------------------------------------------------------------------------------
 
 
@@ -315,8 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(parser)
     group = parser.add_argument_group("matrix")
-    group.add_argument("--subset", choices=("cpu", "full"), default="cpu",
-                       help="cpu: the small subset for two CPU cores; full: every shape (default: cpu)")
+    group.add_argument("--subset", choices=("cpu", "full", "multi-gpu"), default="cpu",
+                       help="cpu: the small subset for two CPU cores; full: every shape; multi-gpu: the "
+                            "full reference and the layouts on cards of their own (default: cpu)")
     group.add_argument("--servers", default=",".join(SERVER_NAMES),
                        help="comma-separated servers to run; the reference always runs (default: all of "
                             f"{','.join(SERVER_NAMES)})")
@@ -338,22 +352,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
-    unknown = set(args.servers.split(",")) - set(SERVER_NAMES)
+    names = ("reference", *MULTI_GPU_LAYOUTS) if args.subset == "multi-gpu" else SERVER_NAMES
+    if args.subset == "multi-gpu" and args.servers == ",".join(SERVER_NAMES):
+        args.servers = ",".join(names)  # the default: every server of the subset
+    unknown = set(args.servers.split(",")) - set(names)
     if unknown:
-        build_parser().error(f"unknown server(s) {sorted(unknown)}: choose from {', '.join(SERVER_NAMES)}")
+        build_parser().error(f"unknown server(s) {sorted(unknown)} of --subset {args.subset}: choose from "
+                             f"{', '.join(names)}")
     args.command = shlex.join(["python", "-m", "benchmarks.generalization", *argv])
     return args
 
 
 def format_table(report: dict) -> str:
-    rows = [(c["name"], c["server"], "pass" if c["passed"] else "FAIL", f"{c['duration_s']:.1f}",
-             (c["failure"] or "")[:100]) for c in report["cells"]]
+    rows = [(c["name"], c["server"], _result(c), f"{c['duration_s']:.1f}",
+             (c["failure"] or c.get("skipped") or "")[:100]) for c in report["cells"]]
     header = ("cell", "server", "result", "s", "failure")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(f"{report['num_passed']}/{report['num_cells']} cells passed in {report['duration_s']:.0f} s")
+    skipped = f", {report['num_skipped']} skipped" if report.get("num_skipped") else ""
+    lines.append(f"{report['num_passed']}/{report['num_cells']} cells passed{skipped} in "
+                 f"{report['duration_s']:.0f} s")
     return "\n".join(lines)
+
+
+def _result(cell: dict) -> str:
+    return "skipped" if cell.get("skipped") else "pass" if cell["passed"] else "FAIL"
 
 
 def main(argv: list[str] | None = None) -> int:

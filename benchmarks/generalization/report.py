@@ -18,12 +18,15 @@ from pathlib import Path
 
 def render_markdown(report: dict) -> str:
     env, settings = report["environment"], report["settings"]
-    failed = report["num_cells"] - report["num_passed"]
+    skipped = report.get("num_skipped", 0)
+    failed = report["num_cells"] - report["num_passed"] - skipped
     lines = [
         "# Functional generalization matrix",
         "",
         f"{report['num_passed']} of {report['num_cells']} cells passed"
-        + (f", **{failed} failed**" if failed else "") + f", in {report['duration_s']:.0f} s "
+        + (f", **{failed} failed**" if failed else "")
+        + (f", {skipped} not run (too few GPUs visible)" if skipped else "")
+        + f", in {report['duration_s']:.0f} s "
         f"(started {report['started_at']}). Made by:",
         "",
         "```",
@@ -34,8 +37,9 @@ def render_markdown(report: dict) -> str:
         "processes, the native ZeroMQ client) and checks invariants; after every cell the pool must "
         "balance: every replica alive, nothing running or waiting, no page owned, every page free or "
         "held only by the prefix cache. `--subset full` adds prompts of 1000 tokens, batches of 64 "
-        "and 256 and a max_model_len of 2048; benchmarks/generalization/matrix.py's docstring lists "
-        "every server and cell.",
+        "and 256 and a max_model_len of 2048; `--subset multi-gpu` runs the full reference and the "
+        "layouts on cards of their own. benchmarks/generalization/matrix.py's docstring lists every "
+        "server and cell.",
         "",
         "## Machine and versions",
         "",
@@ -85,8 +89,8 @@ def render_markdown(report: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for number, cell in enumerate(report["cells"], start=1):
-        result = "pass" if cell["passed"] else "**FAIL**"
-        outcome = cell["failure"] if cell["failure"] else _details(cell["details"])
+        result = "skipped" if cell.get("skipped") else "pass" if cell["passed"] else "**FAIL**"
+        outcome = cell.get("skipped") or cell["failure"] or _details(cell["details"])
         lines.append(f"| {number} | {_cell_text(cell['name'])} | {cell['server']} | {result} | "
                      f"{_cell_text(cell['checks'])} | {cell['duration_s']:.1f} | {_cell_text(outcome)} |")
     lines.append("")

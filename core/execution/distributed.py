@@ -1,15 +1,28 @@
-"""The tensor-parallel group of one replica: rank, size and the two collectives the model needs.
+"""The tensor-parallel group of one replica: rank, size and the two collectives the model needs,
+and joining it at start-up.
 
 At tp=1 every collective is the identity and torch.distributed is never initialised, so a single
 card (or a CPU test) needs no process group. Replicas (DP) never share a group.
+
+Joining fails fast and names who is missing. Rank 0 hosts the rendezvous store, and joining goes
+in three phases, each within the timeout: every rank writes its key and waits for its peers'
+(polling, so that a timeout can say which ranks never came), then the process group forms on that
+store, then one all-reduce must return the group size (an NCCL communicator is built on that first
+collective: it is where cards that cannot reach each other show it). Each rank marks in the store
+when it enters a phase, so a rank that gives up names the peers that never entered it.
+torch.distributed alone would wait its default ten minutes and say only that a timeout passed.
 """
 
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import torch
+
+_JOIN_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -54,17 +67,96 @@ class TPGroup:
         return torch.distributed.get_global_rank(self.group, group_rank)
 
 
-def init_tp_group(rank: int, size: int, init_method: str, backend: str, world_rank: int | None = None,
-                  world_size: int | None = None, timeout_s: float = 600.0) -> TPGroup:
-    """Join the process group of one replica's TP ranks (all ranks call this together)."""
+class TPStartupError(RuntimeError):
+    """A rank could not join its TP group; the message names the rank, its device and the missing peers."""
+
+
+def init_tp_group(rank: int, size: int, init_method: str, backend: str, device: str = "cpu",
+                  timeout_s: float = 120.0) -> TPGroup:
+    """Join the process group of one replica's TP ranks (all ranks call this together).
+
+    `init_method` is "tcp://host:port", where rank 0 hosts the rendezvous. Within `timeout_s` every
+    rank must arrive and a first all-reduce must complete, or TPStartupError names who did not; the
+    same timeout then bounds every collective of the group."""
     if size == 1:
         return TPGroup()
-    torch.distributed.init_process_group(
-        backend=backend,
-        init_method=init_method,
-        rank=rank if world_rank is None else world_rank,
-        world_size=size if world_size is None else world_size,
-        # A collective that a dead or stuck peer never joins fails after this, instead of hanging.
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-    return TPGroup(rank=rank, size=size, group=torch.distributed.group.WORLD)
+    me = f"tp={rank} on {device}"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    address = urlsplit(init_method)
+    if address.scheme != "tcp" or address.hostname is None or address.port is None:
+        raise ValueError(f"{me}: the TP rendezvous must be tcp://host:port, not {init_method!r}")
+    try:
+        store = torch.distributed.TCPStore(address.hostname, address.port, size, is_master=rank == 0,
+                                           timeout=timeout, wait_for_workers=False)
+    except RuntimeError as exc:
+        role = "start the rendezvous" if rank == 0 else "reach the rendezvous that tp=0 hosts"
+        raise TPStartupError(f"{me} could not {role} at {address.netloc} within {timeout_s:g} s "
+                             f"(tp=0 not started, or not reachable): {_first_line(exc)}") from None
+    _arrive(store, "joined", rank)
+    missing = _await_peers(store, "joined", size, time.monotonic() + timeout_s)
+    if missing:
+        raise TPStartupError(f"{me}: {_ranks(missing)} of {size} ranks did not join the TP group within "
+                             f"{timeout_s:g} s (--dist-timeout)")
+    _arrive(store, "connecting", rank)
+    try:
+        # A collective that a dead or stuck peer never joins fails after `timeout`, instead of hanging.
+        torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=size,
+                                             timeout=timeout)
+    except RuntimeError as exc:
+        raise TPStartupError(f"{me}: the {backend} process group did not form within {timeout_s:g} s "
+                             f"(--dist-timeout){_stalled(store, 'connecting', size, rank)}: "
+                             f"{_first_line(exc)}") from None
+    group = TPGroup(rank=rank, size=size, group=torch.distributed.group.WORLD)
+    _first_all_reduce(group, device, me, timeout_s, store)
+    return group
+
+
+def _arrive(store, phase: str, rank: int) -> None:
+    """Record in the rendezvous store that `rank` has reached `phase` of joining."""
+    store.set(f"cadence/{phase}/{rank}", "1")
+
+
+def _await_peers(store, phase: str, size: int, deadline: float) -> list[int]:
+    """The ranks that have not reached `phase` by `deadline` (none: all have)."""
+    missing = list(range(size))
+    while True:
+        missing = [r for r in missing if not store.check([f"cadence/{phase}/{r}"])]
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(_JOIN_POLL_S)
+
+
+def _stalled(store, phase: str, size: int, rank: int) -> str:
+    """", waiting for tp=1, which never got this far" when peers are behind `phase`, for a message."""
+    try:
+        behind = [r for r in _await_peers(store, phase, size, deadline=0.0) if r != rank]
+    except RuntimeError:  # the store went with rank 0
+        return ""
+    return f", waiting for {_ranks(behind)}, which never got this far" if behind else ""
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(f"tp={r}" for r in ranks)
+
+
+def _first_all_reduce(group: TPGroup, device: str, me: str, timeout_s: float, store) -> None:
+    """One all-reduce of a 1 over the group must give the group size within `timeout_s`."""
+    probe = torch.ones(1, device=device)
+    _arrive(store, "reducing", group.rank)
+    try:
+        work = torch.distributed.all_reduce(probe, group=group.group, async_op=True)
+        work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        total = probe.item()
+    except RuntimeError as exc:
+        raise TPStartupError(f"{me}: the TP group's first all-reduce did not complete within {timeout_s:g} s "
+                             f"(--dist-timeout){_stalled(store, 'reducing', group.size, group.rank)}: "
+                             f"{_first_line(exc)}") from None
+    if total != group.size:
+        raise TPStartupError(f"{me}: the TP group's first all-reduce summed {total:g}, expected "
+                             f"{group.size}: the {torch.distributed.get_backend(group.group)} transport "
+                             "between the ranks is broken")
+
+
+def _first_line(exc: Exception) -> str:
+    """torch.distributed's errors carry a C++ stack trace after their first line."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

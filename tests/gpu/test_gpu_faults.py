@@ -12,4 +12,4 @@ from test_faults import (  # noqa: F401 - the tests and fixtures run here again
 
 @pytest.fixture(scope="module")
 def device() -> str:
-    return "cuda"
+    return "cuda:0"  # every executor on the first card, however many the machine has
