@@ -13,6 +13,7 @@ that a refused key is an error at once, not a silence until the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import zmq
@@ -59,6 +60,7 @@ class HandshakeWatch:
         for event in _REFUSALS:
             events |= event
         address = f"inproc://cadence-handshakes-{next(_WATCH_IDS)}"
+        self._socket = socket
         socket.monitor(address, events)
         # A plain PAIR on the socket's own context (inproc needs it), whatever the socket's kind.
         self._monitor = zmq.Context.shadow(socket.context.underlying).socket(zmq.PAIR)
@@ -73,4 +75,9 @@ class HandshakeWatch:
         return None
 
     def close(self) -> None:
+        """Stop the socket's monitor, then close our end. In that order: an event sent to a monitor
+        whose reader is gone blocks the context's I/O thread, and every socket of the process with it."""
+        if not self._socket.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disable_monitor()
         self._monitor.close(linger=0)
