@@ -83,6 +83,17 @@ class TopLogprob:
 
 @message
 @dataclass(frozen=True)
+class PromptTokenLogprobs:
+    """Every prompt token of a request that asked for prompt logprobs: its text, its logprob under
+    the model (None for the first token, which nothing precedes) and the top N at its position."""
+
+    tokens: list[str]
+    logprobs: list[float | None]
+    top_logprobs: list[list[TopLogprob]]
+
+
+@message
+@dataclass(frozen=True)
 class OutputDelta:
     """What a request produced since its last OutputDelta, as its client sees it (text, token ids,
     logprobs); `finished` marks its last one. Clients merge them: api.generation.GenerationBuilder
@@ -104,6 +115,7 @@ class OutputDelta:
     top_logprobs: list[list[TopLogprob]] | None = None
     prompt_token_ids: list[int] | None = None  # in the first output only
     queue_time_s: float | None = None  # in the output with the first token: arrival to first admission
+    prompt_logprobs: PromptTokenLogprobs | None = None  # in the first output, when asked for
 
 
 @dataclass(frozen=True)
@@ -266,6 +278,9 @@ class StepDone:
     error: str | None = None
     has_logprobs: bool = False  # frames: sampled ids, then (if set) logprobs, top ids, top logprobs
     num_top: int = 0
+    # frames after those: prompt logprob starts, logprobs, top ids, top logprobs (see ipc/step_frames)
+    has_prompt_logprobs: bool = False
+    num_prompt_top: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 

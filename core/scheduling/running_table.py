@@ -15,6 +15,7 @@ import numpy as np
 
 from core.plan import StepPlan
 from core.sampling_params import SAMPLING_DTYPE, sampling_row
+from core.scheduling.prompt_logprobs import prompt_columns
 from core.scheduling.request import Request
 
 
@@ -97,6 +98,7 @@ class RunningTable:
             seq_lens=seq_lens, block_table=block_table, logits_index=logits_index,
             sampling=np.take(self.sampling, table_rows), output_pos=num_tokens - prompt_len,
             input_ids=input_ids, positions=positions, kv_index=kv_index, prev_row=prev_row, **history,
+            **prompt_columns(scheduled, seq_lens),
         )
 
     def _penalty_history(self, scheduled: list[ScheduledChunk], table_rows: np.ndarray,

@@ -1,0 +1,134 @@
+"""Prompt logprobs equal transformers' log-softmax at the prompt positions: whole prompts, prompts
+chunked across steps, repeated prompts with the prefix cache on, top N, and across the wire."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from inprocess_engine import Engine
+from tiny_models import build_tiny_checkpoint
+
+from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from core.execution.runner import ModelRunner
+from core.plan import StepResult
+from core.sampling_params import SamplingParams, SamplingParamsError
+from ipc.step_frames import result_from_frames, result_to_frames
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-qwen3-prompt-logprobs")
+    hf = build_tiny_checkpoint(directory, seed=5)
+    return directory, hf
+
+
+def make_engine(directory, budget=2048, prefix_cache=True, num_pages=256) -> Engine:
+    config = EngineConfig(
+        model=ModelConfig.from_pretrained(directory, dtype="float32"),
+        cache=CacheConfig(block_size=16, num_pages=num_pages, enable_prefix_caching=prefix_cache),
+        scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=512),
+    )
+    return Engine(config, ModelRunner(config, show_progress=False))
+
+
+def reference(hf, prompt: list[int]) -> torch.Tensor:
+    """transformers' log-softmax [len(prompt), vocab] at each prompt position."""
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+
+
+def assert_matches(hf, prompt: list[int], completion, num_top: int) -> None:
+    expected = reference(hf, prompt)
+    got = completion.prompt_logprobs
+    assert got is not None and len(got) == len(prompt) and got[0] is None
+    want = expected[:-1].gather(-1, torch.tensor(prompt[1:])[:, None]).squeeze(-1)
+    np.testing.assert_allclose(np.array(got[1:], np.float32), want.numpy(), atol=TOLERANCE)
+    top = completion.prompt_top_logprobs
+    assert top[0] == []
+    for position in range(1, len(prompt)):
+        assert len(top[position]) == num_top
+        if num_top:
+            values, ids = expected[position - 1].topk(num_top)
+            assert [i for i, _ in top[position]] == ids.tolist()
+            np.testing.assert_allclose([v for _, v in top[position]], values.numpy(), atol=TOLERANCE)
+
+
+def prompts(n: int, seed: int, low: int = 2, high: int = 90) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, size=int(rng.integers(low, high))).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("num_top", [0, 3])
+def test_whole_prompts_match_transformers(checkpoint, num_top):
+    directory, hf = checkpoint
+    batch = prompts(6, seed=1)
+    params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=num_top)
+    for prompt, completion in zip(batch, make_engine(directory).generate(batch, params)):
+        assert_matches(hf, prompt, completion, num_top)
+
+
+def test_prompts_chunked_across_steps_match_transformers(checkpoint):
+    directory, hf = checkpoint
+    batch = prompts(5, seed=2, low=40, high=120)
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2)
+    for prompt, completion in zip(batch, make_engine(directory, budget=24).generate(batch, params)):
+        assert_matches(hf, prompt, completion, 2)
+
+
+def test_repeated_prompt_is_scored_again_not_served_from_the_cache(checkpoint):
+    directory, hf = checkpoint
+    engine = make_engine(directory)
+    prompt = prompts(1, seed=3, low=70, high=71)[0]
+    engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))  # fills the cache
+    again = engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))[0]
+    assert again.num_cached_tokens == 0
+    assert_matches(hf, prompt, again, 0)
+    cached = engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))[0]
+    assert cached.num_cached_tokens > 0  # requests without prompt logprobs still hit
+
+
+def test_mixed_batch_leaves_other_requests_unchanged(checkpoint):
+    directory, hf = checkpoint
+    batch = prompts(6, seed=4)
+    plain = SamplingParams(max_tokens=6, temperature=0.0)
+    scored = SamplingParams(max_tokens=6, temperature=0.0, prompt_logprobs=1)
+    alone = make_engine(directory, budget=32).generate(batch, plain)
+    mixed = make_engine(directory, budget=32).generate(batch, [plain, scored] * 3)
+    assert [c.token_ids for c in mixed] == [c.token_ids for c in alone]
+    for i, completion in enumerate(mixed):
+        if i % 2:
+            assert_matches(hf, batch[i], completion, 1)
+        else:
+            assert completion.prompt_logprobs is None
+
+
+def test_preempted_request_reports_each_position_once(checkpoint):
+    directory, hf = checkpoint
+    batch = prompts(4, seed=6, low=60, high=90)
+    params = SamplingParams(max_tokens=40, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+    engine = make_engine(directory, budget=48, num_pages=14)
+    completions = engine.generate(batch, params)
+    assert engine.scheduler.stats().num_preemptions > 0
+    for prompt, completion in zip(batch, completions):
+        assert_matches(hf, prompt, completion, 0)
+
+
+def test_prompt_scores_cross_the_wire():
+    result = StepResult(step_id=3, replica=0, sampled_token_ids=np.array([5, 0], np.int32),
+                        prompt_logprob_start=np.array([0, 3, 3], np.int32),
+                        prompt_logprobs=np.array([-1.0, -2.0, -3.0], np.float32),
+                        prompt_top_ids=np.arange(6, dtype=np.int32).reshape(3, 2),
+                        prompt_top_logprobs=-np.arange(6, dtype=np.float32).reshape(3, 2))
+    done, frames = result_to_frames(result, rank=0)
+    back = result_from_frames(done, tuple(memoryview(bytes(f)) for f in frames), num_reqs=2)
+    for name in ("prompt_logprob_start", "prompt_logprobs", "prompt_top_ids", "prompt_top_logprobs"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(result, name))
+    assert back.sampled_logprobs is None
+
+
+def test_prompt_logprobs_range_is_checked():
+    with pytest.raises(SamplingParamsError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21)
