@@ -105,6 +105,7 @@ class StepResult:
     # start + 1, start + 2, ... in order); the top ones are as wide as the step's largest ask.
     prompt_logprob_start: np.ndarray | None = None  # int32 [B + 1]
     prompt_logprobs: np.ndarray | None = None  # float32 [P]
+    prompt_ranks: np.ndarray | None = None  # int32 [P] 1 + how many tokens were likelier
     prompt_top_ids: np.ndarray | None = None  # int32 [P, N]
     prompt_top_logprobs: np.ndarray | None = None  # float32 [P, N]
     error: str | None = None  # an exception inside the step, with the rank that raised it

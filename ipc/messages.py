@@ -89,6 +89,7 @@ class PromptTokenLogprobs:
 
     tokens: list[str]
     logprobs: list[float | None]
+    ranks: list[int | None]  # 1 + how many tokens the model found likelier (None for the first)
     top_logprobs: list[list[TopLogprob]]
 
 
@@ -278,7 +279,7 @@ class StepDone:
     error: str | None = None
     has_logprobs: bool = False  # frames: sampled ids, then (if set) logprobs, top ids, top logprobs
     num_top: int = 0
-    # frames after those: prompt logprob starts, logprobs, top ids, top logprobs (see ipc/step_frames)
+    # frames after those: prompt logprob starts, logprobs, ranks, top ids, top logprobs (ipc/step_frames)
     has_prompt_logprobs: bool = False
     num_prompt_top: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)

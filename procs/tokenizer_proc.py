@@ -335,7 +335,8 @@ class TokenizerProcess:
     def _prompt_logprobs(self, out: TokenDelta, prompt_ids: list[int]) -> PromptTokenLogprobs:
         decode = self.tokenizer.decode
         top = [[TopLogprob(i, decode([i]), lp) for i, lp in pairs] for pairs in out.prompt_top_logprobs or []]
-        return PromptTokenLogprobs([decode([i]) for i in prompt_ids], list(out.prompt_logprobs), top)
+        return PromptTokenLogprobs([decode([i]) for i in prompt_ids], list(out.prompt_logprobs),
+                                   list(out.prompt_ranks or []), top)
 
     def end_with_error(self, request_id: str, error: str) -> None:
         """End a stream with `error` (finish_reason "abort") and free what it holds in the scheduler."""

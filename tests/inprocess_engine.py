@@ -36,6 +36,7 @@ class FinishedRequest:
     error: str | None = None
     logprobs: list[float] | None = None
     prompt_logprobs: list[float | None] | None = None
+    prompt_ranks: list[int | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
@@ -105,6 +106,7 @@ class Engine:
             completion.logprobs = (completion.logprobs or []) + list(out.logprobs)
         if out.prompt_logprobs is not None:
             completion.prompt_logprobs = out.prompt_logprobs
+            completion.prompt_ranks = out.prompt_ranks
             completion.prompt_top_logprobs = out.prompt_top_logprobs
         if out.finished:
             completion.finish_reason = out.finish_reason

@@ -46,6 +46,9 @@ def assert_matches(hf, prompt: list[int], completion, num_top: int) -> None:
     assert got is not None and len(got) == len(prompt) and got[0] is None
     want = expected[:-1].gather(-1, torch.tensor(prompt[1:])[:, None]).squeeze(-1)
     np.testing.assert_allclose(np.array(got[1:], np.float32), want.numpy(), atol=TOLERANCE)
+    ranks = (expected[:-1] > want[:, None]).sum(-1) + 1
+    assert completion.prompt_ranks[0] is None
+    assert np.abs(np.array(completion.prompt_ranks[1:]) - ranks.numpy()).max() <= 1  # ties at 1e-7
     top = completion.prompt_top_logprobs
     assert top[0] == []
     for position in range(1, len(prompt)):
@@ -120,11 +123,13 @@ def test_prompt_scores_cross_the_wire():
     result = StepResult(step_id=3, replica=0, sampled_token_ids=np.array([5, 0], np.int32),
                         prompt_logprob_start=np.array([0, 3, 3], np.int32),
                         prompt_logprobs=np.array([-1.0, -2.0, -3.0], np.float32),
+                        prompt_ranks=np.array([1, 4, 2], np.int32),
                         prompt_top_ids=np.arange(6, dtype=np.int32).reshape(3, 2),
                         prompt_top_logprobs=-np.arange(6, dtype=np.float32).reshape(3, 2))
     done, frames = result_to_frames(result, rank=0)
     back = result_from_frames(done, tuple(memoryview(bytes(f)) for f in frames), num_reqs=2)
-    for name in ("prompt_logprob_start", "prompt_logprobs", "prompt_top_ids", "prompt_top_logprobs"):
+    for name in ("prompt_logprob_start", "prompt_logprobs", "prompt_ranks", "prompt_top_ids",
+                 "prompt_top_logprobs"):
         np.testing.assert_array_equal(getattr(back, name), getattr(result, name))
     assert back.sampled_logprobs is None
 

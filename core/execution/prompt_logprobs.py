@@ -65,6 +65,7 @@ class PromptScores:
 
     start: np.ndarray  # int32 [B + 1], as PromptTargets.start
     logprobs: torch.Tensor | None  # float32 [P]
+    ranks: torch.Tensor | None  # int32 [P] 1 + how many tokens are likelier than the prompt's
     top_ids: torch.Tensor | None  # int32 [P, N]
     top_logprobs: torch.Tensor | None  # float32 [P, N]
 
@@ -75,23 +76,25 @@ def score_prompt(hidden: torch.Tensor, targets: PromptTargets,
     device = hidden.device
     token_rows = to_device(targets.token_rows, device)
     target_ids = to_device(targets.target_ids, device)
-    own, top_ids, top_values = [], [], []
+    own, ranks, top_ids, top_values = [], [], [], []
     for first in range(0, len(token_rows), SLICE_ROWS):
         logits = compute_logits(hidden[token_rows[first : first + SLICE_ROWS]])
         if logits is None:  # a TP rank other than 0: it took part in the gather, rank 0 scores
             continue
         logprobs = torch.log_softmax(logits, dim=-1)
-        own.append(logprobs.gather(-1, target_ids[first : first + SLICE_ROWS, None]).squeeze(-1))
+        scored = logprobs.gather(-1, target_ids[first : first + SLICE_ROWS, None])
+        own.append(scored.squeeze(-1))
+        ranks.append(((logprobs > scored).sum(-1) + 1).to(torch.int32))
         if targets.num_top > 0:
             values, ids = logprobs.topk(min(targets.num_top, logprobs.shape[1]), dim=-1)
             top_ids.append(ids.to(torch.int32))
             top_values.append(values)
     if not own:
-        return PromptScores(targets.start, None, None, None)
+        return PromptScores(targets.start, None, None, None, None)
     num = len(token_rows)
     if targets.num_top > 0:
         ids, values = torch.cat(top_ids), torch.cat(top_values)
     else:
         ids = torch.zeros((num, 0), dtype=torch.int32, device=device)
         values = torch.zeros((num, 0), dtype=torch.float32, device=device)
-    return PromptScores(targets.start, torch.cat(own), ids, values)
+    return PromptScores(targets.start, torch.cat(own), torch.cat(ranks), ids, values)

@@ -187,7 +187,7 @@ class ModelRunner:
         host: dict[str, torch.Tensor] = {}
         non_blocking = self.device.type == "cuda"  # into pinned memory, read after the event
         if prompt is not None and prompt.logprobs is not None:
-            for name in ("logprobs", "top_ids", "top_logprobs"):
+            for name in ("logprobs", "ranks", "top_ids", "top_logprobs"):
                 host[f"prompt_{name}"] = getattr(prompt, name).to("cpu", non_blocking=non_blocking)
         if not self.tp.is_first_rank:
             if self.shares_samples and len(rows):
@@ -231,7 +231,7 @@ class ModelRunner:
         if launched.prompt_start is not None:
             result["prompt_logprob_start"] = launched.prompt_start
             result.update({f"prompt_{name}": launched.host[f"prompt_{name}"].numpy()
-                           for name in ("logprobs", "top_ids", "top_logprobs")})
+                           for name in ("logprobs", "ranks", "top_ids", "top_logprobs")})
         elapsed_ms = (time.perf_counter() - launched.start_s) * 1e3
         return StepResult(step_id=plan.step_id, replica=plan.replica, sampled_token_ids=sampled,
                           timings_ms={"execute": elapsed_ms}, **result)

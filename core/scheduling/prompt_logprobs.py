@@ -24,6 +24,7 @@ class PromptLogprobs:
         self.prompt_token_ids = prompt_token_ids  # a view of the request's prompt
         self.num_top = num_top
         self.logprobs = np.full(len(prompt_token_ids), np.nan, np.float32)  # position 0 stays NaN
+        self.ranks = np.zeros(len(prompt_token_ids), np.int32)
         self.top_ids = np.zeros((len(prompt_token_ids), num_top), np.int32)
         self.top_logprobs = np.zeros((len(prompt_token_ids), num_top), np.float32)
         self.delivered = False
@@ -41,18 +42,21 @@ class PromptLogprobs:
             return
         at = slice(start + 1, start + 1 + count)
         self.logprobs[at] = result.prompt_logprobs[first : first + count]
+        self.ranks[at] = result.prompt_ranks[first : first + count]
         width = min(self.num_top, result.prompt_top_ids.shape[1])
         self.top_ids[at, :width] = result.prompt_top_ids[first : first + count, :width]
         self.top_logprobs[at, :width] = result.prompt_top_logprobs[first : first + count, :width]
 
-    def deliver(self) -> tuple[list[float | None], list[list[tuple[int, float]]]]:
-        """Per prompt token, its logprob (None for the first) and its top (token id, logprob) pairs."""
+    def deliver(self) -> tuple[list[float | None], list[int | None], list[list[tuple[int, float]]]]:
+        """Per prompt token, its logprob and rank (None for the first) and its top (token id,
+        logprob) pairs."""
         self.delivered = True
         logprobs: list[float | None] = self.logprobs.tolist()
-        logprobs[0] = None
+        ranks: list[int | None] = self.ranks.tolist()
+        logprobs[0] = ranks[0] = None
         ids, values = self.top_ids.tolist(), self.top_logprobs.tolist()
         top = [[] if p == 0 else list(zip(ids[p], values[p])) for p in range(len(ids))]
-        return logprobs, top
+        return logprobs, ranks, top
 
 
 def prompt_columns(chunks: Sequence, seq_lens: np.ndarray) -> dict[str, np.ndarray]:

@@ -143,6 +143,7 @@ class TokenDelta:
     # With the first token, when the request asked for prompt logprobs: per prompt token its logprob
     # (None for the first) and its top N (token id, logprob) pairs.
     prompt_logprobs: list[float | None] | None = None
+    prompt_ranks: list[int | None] | None = None  # 1 + how many tokens the model found likelier
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # why a request was aborted by the engine rather than the client
     queue_time_s: float | None = None  # with the first token only: arrival to first admission
