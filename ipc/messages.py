@@ -52,6 +52,7 @@ class GenerateRequest:
     stream: bool = True  # one OutputDelta per step; False: one at the end with everything
     detokenize: bool = True  # False: token ids only (batch jobs that decode themselves)
     skip_special_tokens: bool = True
+    return_prompt_text: bool = False  # the first output carries the prompt as text (echo of token ids)
 
     def __post_init__(self) -> None:
         given = [n for n in ("prompt", "prompt_token_ids", "messages") if getattr(self, n) is not None]
@@ -117,6 +118,7 @@ class OutputDelta:
     prompt_token_ids: list[int] | None = None  # in the first output only
     queue_time_s: float | None = None  # in the output with the first token: arrival to first admission
     prompt_logprobs: PromptTokenLogprobs | None = None  # in the first output, when asked for
+    prompt_text: str | None = None  # in the first output, when the request set return_prompt_text
 
 
 @dataclass(frozen=True)

@@ -324,12 +324,16 @@ class TokenizerProcess:
         else:
             new_ids, logprobs = out.new_token_ids, out.logprobs
         prompt_ids, stream.prompt_token_ids = stream.prompt_token_ids, None
+        prompt_text = None
+        if prompt_ids is not None and request.return_prompt_text:
+            prompt_text = self.tokenizer.decode(prompt_ids)
         queue_time_s, stream.queue_time_s = stream.queue_time_s, None
         prompt_logprobs, stream.prompt_logprobs = stream.prompt_logprobs, None
         self._send(stream.identity, OutputDelta(
             request.request_id, text, list(new_ids), stream.num_prompt_tokens, stream.num_output_tokens,
             out.num_cached_tokens, finished, finish_reason, stop_reason, out.error, tokens,
             None if logprobs is None else list(logprobs), top, prompt_ids, queue_time_s, prompt_logprobs,
+            prompt_text,
         ), abort_on_failure=None if finished else out.request_id)
 
     def _prompt_logprobs(self, out: TokenDelta, prompt_ids: list[int]) -> PromptTokenLogprobs:
