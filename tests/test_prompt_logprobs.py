@@ -1,15 +1,23 @@
 """Prompt logprobs equal transformers' log-softmax at the prompt positions: whole prompts, prompts
-chunked across steps, repeated prompts with the prefix cache on, top N, and across the wire."""
+chunked across steps, repeated prompts with the prefix cache on, top N, under TP=2 (gloo), and
+across the wire."""
 
 from __future__ import annotations
+
+import dataclasses
+import socket
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 from inprocess_engine import Engine
+from plans import Chunk, make_plan
 from tiny_models import build_tiny_checkpoint
 
-from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from core.execution import prompt_logprobs
+from core.execution.distributed import TPGroup, init_tp_group
 from core.execution.runner import ModelRunner
 from core.plan import StepResult
 from core.sampling_params import SamplingParams, SamplingParamsError
@@ -137,3 +145,60 @@ def test_prompt_scores_cross_the_wire():
 def test_prompt_logprobs_range_is_checked():
     with pytest.raises(SamplingParamsError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=21)
+
+
+def _tp_plan(seed: int = 7):
+    """A step of two requests: one scoring a chunk that ends mid-prompt (top 3), one not scoring."""
+    rng = np.random.default_rng(seed)
+    prompt, other = rng.integers(0, 256, size=30).tolist(), rng.integers(0, 256, size=10).tolist()
+    plan = make_plan([Chunk(prompt[:21], 0, [4, 0], sample=False), Chunk(other, 0, [9])], 16)
+    return prompt, dataclasses.replace(plan, num_prompt_logprobs=np.array([3, -1], np.int32),
+                                       next_prompt_id=np.array([prompt[21], -1], np.int32))
+
+
+def _tp_config(directory: str, tp_size: int) -> EngineConfig:
+    return EngineConfig(model=ModelConfig.from_pretrained(directory, dtype="float32"),
+                        parallel=ParallelConfig(tp_size=tp_size),
+                        cache=CacheConfig(block_size=16, num_pages=16))
+
+
+def _tp_worker(rank: int, directory: str, port: int, queue) -> None:
+    torch.set_num_threads(1)
+    prompt_logprobs.SLICE_ROWS = 8  # several slices, each a collective gather of the LM head
+    tp = init_tp_group(rank, 2, f"tcp://127.0.0.1:{port}", backend="gloo")
+    try:
+        result = ModelRunner(_tp_config(directory, 2), tp=tp, show_progress=False).execute(_tp_plan()[1])
+        names = ("prompt_logprob_start", "prompt_logprobs", "prompt_ranks", "prompt_top_ids",
+                 "prompt_top_logprobs")
+        queue.put(("rank 1", None) if rank else ("rank 0", {name: getattr(result, name) for name in names}))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_tp2_scores_the_prompt_as_tp1_does(checkpoint):
+    directory, hf = checkpoint
+    prompt, plan = _tp_plan()
+    runner = ModelRunner(_tp_config(str(directory), 1), tp=TPGroup(), show_progress=False)
+    expected = runner.execute(plan)
+    np.testing.assert_array_equal(expected.prompt_logprob_start, [0, 21, 21])
+    want = reference(hf, prompt)[:21].gather(-1, torch.tensor(prompt[1:22])[:, None]).squeeze(-1)
+    np.testing.assert_allclose(expected.prompt_logprobs, want.numpy(), atol=TOLERANCE)
+    assert runner.execute(make_plan([Chunk([1, 2, 3], 0, [0])], 16)).prompt_logprobs is None  # none asked
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_tp_worker, args=(r, str(directory), port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0, f"TP worker exited with {p.exitcode}"
+    tp2 = results["rank 0"]
+    np.testing.assert_array_equal(tp2["prompt_logprob_start"], expected.prompt_logprob_start)
+    np.testing.assert_array_equal(tp2["prompt_top_ids"], expected.prompt_top_ids)
+    for name in ("prompt_logprobs", "prompt_top_logprobs"):
+        np.testing.assert_allclose(tp2[name], getattr(expected, name), atol=1e-5)
+    assert np.abs(tp2["prompt_ranks"] - expected.prompt_ranks).max() <= 1
