@@ -202,3 +202,15 @@ def test_tp2_scores_the_prompt_as_tp1_does(checkpoint):
     for name in ("prompt_logprobs", "prompt_top_logprobs"):
         np.testing.assert_allclose(tp2[name], getattr(expected, name), atol=1e-5)
     assert np.abs(tp2["prompt_ranks"] - expected.prompt_ranks).max() <= 1
+
+
+def test_the_profiled_warmup_step_scores_every_row_in_slices(checkpoint, monkeypatch):
+    from core.execution.runner import warmup_plan
+
+    directory, _ = checkpoint
+    monkeypatch.setattr(prompt_logprobs, "SLICE_ROWS", 16)
+    runner = ModelRunner(_tp_config(str(directory), 1), tp=TPGroup(), show_progress=False)
+    plan = dataclasses.replace(warmup_plan([(0, 100)], 16, 256), num_prompt_logprobs=np.array([20], np.int32))
+    _, _, scores = runner.forward(plan)
+    assert scores.logprobs.shape == (99,) and scores.top_ids.shape == (99, 20)
+    assert (scores.ranks >= 1).all() and (scores.top_logprobs[:, 0] >= scores.logprobs).all()

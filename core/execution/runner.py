@@ -13,6 +13,7 @@ fill the next step's placeholders.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from core.execution.registry import registered_class
 from core.execution.sampler import Sampler, SamplingTensors
 from core.plan import StepPlan, StepResult
 from core.registry import MODEL_TYPES
+from core.sampling_params import MAX_LOGPROBS
 
 # Without a GPU to profile, a CPU replica gives its KV cache this much memory unless told otherwise.
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -135,14 +137,16 @@ class ModelRunner:
         return int(num_pages)
 
     def profile_peak_memory(self) -> int:
-        """Peak GPU bytes of the weights plus one forward at the largest step the scheduler plans."""
+        """Peak GPU bytes of the weights plus one forward at the largest step the scheduler plans,
+        its tokens scored as a prompt with the most top logprobs (core/execution/prompt_logprobs.py)."""
         block_size = self.config.cache.block_size
         num_tokens = min(self.config.scheduler.max_num_batched_tokens, self.config.max_model_len)
         scratch = self._allocate_kv_cache(-(-num_tokens // block_size))
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        plan = warmup_plan([(0, num_tokens)], block_size, self.config.model.vocab_size)
-        self.forward_logits(plan, scratch)
+        plan = dataclasses.replace(warmup_plan([(0, num_tokens)], block_size, self.config.model.vocab_size),
+                                   num_prompt_logprobs=np.array([MAX_LOGPROBS], np.int32))
+        self.forward(plan, scratch)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         del scratch
