@@ -315,32 +315,6 @@ def test_continuous_usage_stats_takes_include_usage_as_vllm_does():
     assert completion(stream=True, stream_options={"include_usage": True}).continuous_usage is False
 
 
-def test_echo_with_logprobs_asks_for_the_prompts_logprobs():
-    parsed = completion(echo=True, logprobs=2)
-    assert parsed.echo and not parsed.echo_only and parsed.prompt_logprobs is None
-    assert parsed.requests[0].params.prompt_logprobs == 2 and parsed.requests[0].params.logprobs == 2
-    assert completion(echo=True, logprobs=1, prompt_logprobs=4).requests[0].params.prompt_logprobs == 4
-    assert completion(logprobs=1).requests[0].params.prompt_logprobs is None  # no echo: not scored
-
-
-def test_echo_with_max_tokens_0_samples_one_token_the_call_drops():
-    parsed = completion(echo=True, logprobs=0, max_tokens=0)
-    assert parsed.echo_only and parsed.requests[0].params.max_tokens == 1
-    assert parsed.requests[0].params.prompt_logprobs == 0
-
-
-def test_echo_of_token_ids_asks_the_tokenizer_for_the_prompt_text():
-    assert completion(prompt=[[5, 6], [7]], echo=True).requests[1].return_prompt_text is True
-    assert completion(prompt="text", echo=True).requests[0].return_prompt_text is False
-    assert completion(prompt=[5, 6]).requests[0].return_prompt_text is False
-
-
-def test_prompt_logprobs_reach_the_sampling_params():
-    parsed = completion(prompt_logprobs=3)
-    assert parsed.prompt_logprobs == 3 and parsed.requests[0].params.prompt_logprobs == 3
-    assert completion().requests[0].params.prompt_logprobs is None
-
-
 def test_noop_values_of_unsupported_fields_are_accepted():
     completion(echo=False, suffix=None, logit_bias={}, best_of=1, user="u1")
     chat(tools=[], tool_choice="none", response_format={"type": "text"}, parallel_tool_calls=False)
