@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core.sampling_params import SamplingParams
-from ipc.messages import ChatTurn, GenerateRequest, OutputDelta, RequestFailed, TopLogprob
+from ipc.messages import (
+    ChatTurn,
+    GenerateRequest,
+    OutputDelta,
+    PromptTokenLogprobs,
+    RequestFailed,
+    TopLogprob,
+)
 
 Prompt = str | Sequence[int] | Sequence[ChatTurn]
 
@@ -33,6 +40,7 @@ class Generation:
     tokens: list[str] | None = None  # per token, when logprobs were asked for
     logprobs: list[float] | None = None
     top_logprobs: list[list[TopLogprob]] | None = None
+    prompt_logprobs: PromptTokenLogprobs | None = None  # when SamplingParams.prompt_logprobs was set
     refused: RequestFailed | None = None
 
     @property
@@ -58,6 +66,7 @@ class GenerationBuilder:
         self._has_logprobs = False
         self._last: OutputDelta | None = None
         self._prompt_token_ids: list[int] | None = None
+        self._prompt_logprobs: PromptTokenLogprobs | None = None
 
     @property
     def finished(self) -> bool:
@@ -74,6 +83,8 @@ class GenerationBuilder:
         self._token_ids.extend(output.token_ids)
         if output.prompt_token_ids is not None:
             self._prompt_token_ids = output.prompt_token_ids
+        if output.prompt_logprobs is not None:
+            self._prompt_logprobs = output.prompt_logprobs
         if output.logprobs is not None:
             self._has_logprobs = True
             self._logprobs.extend(output.logprobs)
@@ -96,6 +107,7 @@ class GenerationBuilder:
             tokens=list(self._tokens) if self._has_logprobs else None,
             logprobs=list(self._logprobs) if self._has_logprobs else None,
             top_logprobs=list(self._top) if self._has_logprobs else None,
+            prompt_logprobs=self._prompt_logprobs,
         )
 
 

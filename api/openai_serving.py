@@ -21,6 +21,7 @@ output carries the whole call's usage so far (vLLM's per-chunk usage, summed ove
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -49,6 +50,7 @@ class ChoiceState:
         self.logprobs: list[dict[str, Any]] = []  # per output, in the endpoint's shape
         self.text_offset = 0
         self.echoed = False  # completions with echo: the prompt went out before the first text
+        self.prompt_logprobs: list[dict[str, Any] | None] | None = None  # completions' prompt_logprobs
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
@@ -169,7 +171,7 @@ class _Call:
             except ClientError as e:
                 raise ApiError(503, str(e), None, UNAVAILABLE) from None
             if isinstance(message, OutputDelta):
-                return message
+                return self._visible(message)
             self._choices[message.request_id].finished = True  # refused: it never ran, no finish counted
             raise self._refusal_error(message)
 
@@ -186,6 +188,10 @@ class _Call:
         return responses.usage(sum(c.num_prompt_tokens for c in firsts),
                                sum(c.num_output_tokens for c in choices),
                                sum(c.num_cached_tokens for c in firsts))
+
+    def _visible(self, output: OutputDelta) -> OutputDelta:
+        """The output as the client sees it (an echo with max_tokens 0 hides the sampled token)."""
+        return output
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
         raise NotImplementedError
@@ -206,32 +212,56 @@ class _Call:
 class CompletionCall(_Call):
     """POST /v1/completions."""
 
-    def _logprobs(self, choice: ChoiceState, output: OutputDelta) -> dict[str, Any] | None:
-        if output.logprobs is None:
-            return None
-        part = responses.completion_logprobs(output.tokens or [], output.logprobs,
-                                             output.top_logprobs or [[] for _ in output.logprobs],
-                                             choice.text_offset)
-        choice.text_offset += sum(len(t) for t in output.tokens or [])
-        return part
+    def _visible(self, output: OutputDelta) -> OutputDelta:
+        if not self.parsed.echo_only:
+            return output
+        hidden = [] if output.logprobs is not None else None
+        return dataclasses.replace(
+            output, text="", token_ids=[], num_output_tokens=0, tokens=hidden, logprobs=hidden,
+            top_logprobs=hidden, finish_reason="length" if output.finished else None, stop_reason=None)
 
-    def _echoed(self, choice: ChoiceState, text: str) -> str:
-        """`text`, after the choice's prompt if the call echoes it and this is the choice's first."""
+    def _logprobs(self, choice: ChoiceState, output: OutputDelta) -> dict[str, Any] | None:
+        """The output's logprobs part; with echo, the choice's first starts with the prompt's."""
+        parts = []
+        if self.parsed.echo and self.parsed.logprobs is not None and output.prompt_logprobs is not None:
+            parts.append(responses.echoed_prompt_logprobs(output.prompt_logprobs))
+            choice.text_offset = sum(len(t) for t in output.prompt_logprobs.tokens)
+        if output.logprobs is not None:
+            parts.append(responses.completion_logprobs(
+                output.tokens or [], output.logprobs, output.top_logprobs or [[] for _ in output.logprobs],
+                choice.text_offset))
+            choice.text_offset += sum(len(t) for t in output.tokens or [])
+        return responses.merge_completion_logprobs(parts) if parts else None
+
+    def _echoed(self, choice: ChoiceState, output: OutputDelta) -> str:
+        """The output's text, after the choice's prompt if the call echoes it and this is the
+        choice's first; the first output also brings the prompt logprobs asked for."""
+        if output.prompt_logprobs is not None and self.parsed.prompt_logprobs is not None:
+            choice.prompt_logprobs = responses.prompt_logprobs_entries(output.prompt_logprobs,
+                                                                       output.prompt_token_ids or [])
         if not self.parsed.echo or choice.echoed:
-            return text
+            return output.text
         choice.echoed = True
-        return (self.parsed.requests[choice.index].prompt or "") + text
+        prompt = self.parsed.requests[choice.index].prompt
+        return (prompt if prompt is not None else output.prompt_text or "") + output.text
 
     def _accumulate(self, choice: ChoiceState, output: OutputDelta) -> None:
-        choice.text.append(self._echoed(choice, output.text))
+        choice.text.append(self._echoed(choice, output))
         part = self._logprobs(choice, output)
         if part is not None:
             choice.logprobs.append(part)
 
+    def _choice(self, choice: ChoiceState, text: str, finish_reason: str | None,
+                stop_reason: str | int | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        rendered = responses.completion_choice(choice.index, text, finish_reason, stop_reason, logprobs)
+        if self.parsed.prompt_logprobs is not None:
+            rendered["prompt_logprobs"] = choice.prompt_logprobs
+        return rendered
+
     def _response(self) -> dict[str, Any]:
         choices = [
-            responses.completion_choice(
-                c.index, "".join(c.text), c.finish_reason, c.stop_reason,
+            self._choice(
+                c, "".join(c.text), c.finish_reason, c.stop_reason,
                 responses.merge_completion_logprobs(c.logprobs) if self.parsed.logprobs is not None else None)
             for c in self.choices
         ]
@@ -243,11 +273,13 @@ class CompletionCall(_Call):
 
     def _chunks(self, choice: ChoiceState, output: OutputDelta) -> list[dict[str, Any]]:
         logprobs = self._logprobs(choice, output)
-        if not (output.text or output.token_ids or output.finished):
+        text = self._echoed(choice, output)
+        if not (text or output.token_ids or output.finished):
             return []
-        text = self._echoed(choice, output.text)
-        return [self._chunk([responses.completion_choice(choice.index, text, output.finish_reason,
-                                                         output.stop_reason, logprobs)])]
+        rendered = self._choice(choice, text, output.finish_reason, output.stop_reason, logprobs)
+        if output.prompt_logprobs is None:
+            rendered.pop("prompt_logprobs", None)  # the prompt's logprobs go out in the first chunk only
+        return [self._chunk([rendered])]
 
 
 class ChatCall(_Call):

@@ -17,8 +17,14 @@ Choices of this server, where OpenAI and vLLM leave room:
   never silently changes nothing. Bad values of known fields are refused either way. A few OpenAI
   fields this server cannot honour are accepted only at their no-op value (`logit_bias` empty,
   `tools` empty, `response_format` text, ...).
-* `echo` (completions) puts the prompt before each choice's text, for prompts given as text and
-  without `logprobs` (the prompt's logprobs are not computed yet).
+* `echo` (completions) puts the prompt before each choice's text (a token-id prompt as the
+  tokenizer process decodes it); with `logprobs` the choice's logprobs start with the prompt's
+  tokens, the first one's logprob null, as in vLLM. `max_tokens` 0 is allowed with echo (scoring a
+  prompt, as evaluation harnesses do): the choice is the prompt alone. The request then runs with
+  max_tokens 1 and the API drops the token it samples.
+* `prompt_logprobs` (completions, vLLM's): each choice carries `prompt_logprobs`, null for the first
+  prompt token, then per token a map of token id -> {logprob, rank, decoded_token}: the prompt
+  token's own and the top `prompt_logprobs` ones.
 * `stream_options.continuous_usage_stats` (vLLM's): every chunk carries the usage so far.
 * `max_tokens` left out means "up to the context length": max_model_len minus the prompt. The api
   process neither tokenizes nor renders chats, so the request goes out with max_tokens None and the
@@ -56,7 +62,7 @@ _COMMON_FIELDS = frozenset({
     "model", "max_tokens", "n", "stop", "stop_token_ids", "ignore_eos", "logprobs", "min_tokens", "user",
     "stream", "stream_options", "skip_special_tokens", "logit_bias", *(c.name for c in _KNOBS),
 })
-COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of", "prompt_logprobs"}
 CHAT_FIELDS = _COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
     "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "response_format",
@@ -92,6 +98,8 @@ class ParsedRequest:
     logprobs: int | None  # None: no logprobs; k: the sampled token's and the top k
     max_tokens_field: str  # how the client named max_tokens: "max_tokens" or "max_completion_tokens"
     echo: bool = False  # completions: each choice's text starts with its prompt
+    echo_only: bool = False  # completions: echo with max_tokens 0: the sampled token is dropped
+    prompt_logprobs: int | None = None  # completions: the body's prompt_logprobs
 
     @property
     def num_prompts(self) -> int:
@@ -118,21 +126,19 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
     echo = fields.bool("echo", False)
     require_noop(fields, "suffix", ("",), "suffix is not supported")
     logprobs = fields.int("logprobs", 0, MAX_LOGPROBS)
-    if echo and logprobs is not None:
-        raise invalid("echo", "echo with logprobs is not supported: this server does not compute the "
-                      "prompt's logprobs yet (echo without logprobs is)")
-    if echo and isinstance(prompts[0], list):
-        raise invalid("echo", "echo of a token-id prompt is not supported (the API process does not "
-                      "detokenize); send the prompt as text")
+    prompt_logprobs = fields.int("prompt_logprobs", 0, MAX_LOGPROBS)
+    scored = [k for k in (prompt_logprobs, logprobs if echo else None) if k is not None]
     n = _parse_n(fields, len(prompts))
     best_of = fields.int("best_of", 1, MAX_CHOICES)
     if best_of is not None and best_of != n:
         raise invalid("best_of", f"best_of must equal n ({n}) when given (choices are not ranked), "
                       f"got {best_of}")
     max_tokens = fields.int("max_tokens", None, None)
+    echo_only = echo and max_tokens == 0
     stream, include_usage, continuous_usage = _parse_stream(fields, "/v1/completions", strict_fields)
     skip_special = fields.bool("skip_special_tokens", True)
-    params = _sampling_params(fields, model, max_tokens, "max_tokens", logprobs, "logprobs")
+    params = _sampling_params(fields, model, 1 if echo_only else max_tokens, "max_tokens", logprobs,
+                              "logprobs", max(scored) if scored else None)
     requests = []
     for p, prompt in enumerate(prompts):
         for i in range(n):
@@ -143,9 +149,10 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
                 prompt_token_ids=prompt if isinstance(prompt, list) else None,
                 stream=True,
                 skip_special_tokens=skip_special,
+                return_prompt_text=echo and isinstance(prompt, list),
             ))
     return ParsedRequest("completions", model_name, tuple(requests), n, stream, include_usage,
-                         continuous_usage, logprobs, "max_tokens", echo)
+                         continuous_usage, logprobs, "max_tokens", echo, echo_only, prompt_logprobs)
 
 
 def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
@@ -304,7 +311,8 @@ def _parse_stop_token_ids(fields: BodyFields) -> tuple[int, ...]:
 
 
 def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | None, max_field: str,
-                     logprobs: int | None, logprobs_field: str) -> SamplingParams:
+                     logprobs: int | None, logprobs_field: str,
+                     prompt_logprobs: int | None = None) -> SamplingParams:
     """The request's SamplingParams (max_tokens None: up to the context); SamplingParams checks the
     ranges, errors keep the client's names."""
     defaults = model.defaults
@@ -317,6 +325,7 @@ def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | N
             ignore_eos=fields.bool("ignore_eos", False),
             min_tokens=fields.int("min_tokens", None, None, default=0),  # type: ignore[arg-type]
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
     except SamplingParamsError as e:
         param = {"max_tokens": max_field, "logprobs": logprobs_field}.get(e.field, e.field)

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from ipc.messages import TopLogprob
+from ipc.messages import PromptTokenLogprobs, TopLogprob
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -44,7 +44,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 # --- logprobs -------------------------------------------------------------------------------------
 
 
-def completion_logprobs(tokens: Sequence[str], logprobs: Sequence[float],
+def completion_logprobs(tokens: Sequence[str], logprobs: Sequence[float | None],
                         top_logprobs: Sequence[Sequence[TopLogprob]], text_offset: int) -> dict[str, Any]:
     """Completions' logprobs for consecutive tokens, the first at `text_offset` in the choice's text."""
     offsets = []
@@ -57,6 +57,31 @@ def completion_logprobs(tokens: Sequence[str], logprobs: Sequence[float],
         "top_logprobs": [{t.token: t.logprob for t in top} for top in top_logprobs],
         "text_offset": offsets,
     }
+
+
+def echoed_prompt_logprobs(prompt: PromptTokenLogprobs) -> dict[str, Any]:
+    """Completions' logprobs of an echoed prompt, from offset 0: the first token's logprob and top
+    are null; each other's top holds the prompt token itself and the top N, as in vLLM."""
+    top: list[dict[str, float] | None] = [None]
+    for token, logprob, entries in zip(prompt.tokens[1:], prompt.logprobs[1:], prompt.top_logprobs[1:]):
+        top.append({**{t.token: t.logprob for t in entries}, token: logprob})
+    part = completion_logprobs(prompt.tokens, prompt.logprobs, [], 0)
+    part["top_logprobs"] = top
+    return part
+
+
+def prompt_logprobs_entries(prompt: PromptTokenLogprobs, prompt_ids: Sequence[int]
+                            ) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs`: null for the first token, then per token a map of token id ->
+    {logprob, rank, decoded_token}: the prompt token's own, and the top N (ranks 1..N)."""
+    entries: list[dict[str, dict[str, Any]] | None] = [None]
+    for p in range(1, len(prompt.logprobs)):
+        entry = {str(t.token_id): {"logprob": t.logprob, "rank": rank, "decoded_token": t.token}
+                 for rank, t in enumerate(prompt.top_logprobs[p], start=1)}
+        entry[str(prompt_ids[p])] = {"logprob": prompt.logprobs[p], "rank": prompt.ranks[p],
+                                     "decoded_token": prompt.tokens[p]}
+        entries.append(entry)
+    return entries
 
 
 def merge_completion_logprobs(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:

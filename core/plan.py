@@ -58,6 +58,12 @@ class StepPlan:
     # >= 0 where a request's one input token is the token sampled at that row of the replica's
     # previous step, not yet known to the scheduler (input_ids holds 0 there); -1 elsewhere.
     prev_row: np.ndarray = column(np.int32, "B", neutral=-1)
+    # --- per request, prompt logprobs -----------------------------------------------------------------
+    # >= 0 where the executor scores the chunk's prompt tokens: each token row's logits give the
+    # logprob of the next prompt token (and this many top ones); -1 elsewhere (nothing computed).
+    num_prompt_logprobs: np.ndarray = column(np.int32, "B", neutral=-1)
+    # The prompt token after a chunk that ends mid-prompt, which its last row scores; -1 elsewhere.
+    next_prompt_id: np.ndarray = column(np.int32, "B", neutral=-1)
 
     def __post_init__(self) -> None:
         lengths = {"B": len(self.seq_lens), "B+1": len(self.seq_lens) + 1, "H": 0}
@@ -94,6 +100,14 @@ class StepResult:
     sampled_logprobs: np.ndarray | None = None  # float32 [B]
     top_token_ids: np.ndarray | None = None  # int32 [B, N]
     top_logprobs: np.ndarray | None = None  # float32 [B, N]
+    # Present when some request of the plan scored prompt tokens (ragged: request r's scores are
+    # entries prompt_logprob_start[r]:prompt_logprob_start[r + 1], for the chunk's positions
+    # start + 1, start + 2, ... in order); the top ones are as wide as the step's largest ask.
+    prompt_logprob_start: np.ndarray | None = None  # int32 [B + 1]
+    prompt_logprobs: np.ndarray | None = None  # float32 [P]
+    prompt_ranks: np.ndarray | None = None  # int32 [P] 1 + how many tokens were likelier
+    prompt_top_ids: np.ndarray | None = None  # int32 [P, N]
+    prompt_top_logprobs: np.ndarray | None = None  # float32 [P, N]
     error: str | None = None  # an exception inside the step, with the rank that raised it
     timings_ms: dict[str, float] = field(default_factory=dict)
 

@@ -44,6 +44,8 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # None = none; 0 = the sampled token's only; N = and the top N
+    # None = none; 0 = each prompt token's own logprob (the first has none); N = and the top N
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         def fail(field: str, message: str) -> None:
@@ -68,6 +70,8 @@ class SamplingParams:
             fail("seed", f"must fit in 64 bits, got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             fail("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            fail("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         if self.max_tokens is None and self.min_tokens < 0:
             fail("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and not 0 <= self.min_tokens <= self.max_tokens:

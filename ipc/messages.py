@@ -52,6 +52,7 @@ class GenerateRequest:
     stream: bool = True  # one OutputDelta per step; False: one at the end with everything
     detokenize: bool = True  # False: token ids only (batch jobs that decode themselves)
     skip_special_tokens: bool = True
+    return_prompt_text: bool = False  # the first output carries the prompt as text (echo of token ids)
 
     def __post_init__(self) -> None:
         given = [n for n in ("prompt", "prompt_token_ids", "messages") if getattr(self, n) is not None]
@@ -83,6 +84,18 @@ class TopLogprob:
 
 @message
 @dataclass(frozen=True)
+class PromptTokenLogprobs:
+    """Every prompt token of a request that asked for prompt logprobs: its text, its logprob under
+    the model (None for the first token, which nothing precedes) and the top N at its position."""
+
+    tokens: list[str]
+    logprobs: list[float | None]
+    ranks: list[int | None]  # 1 + how many tokens the model found likelier (None for the first)
+    top_logprobs: list[list[TopLogprob]]
+
+
+@message
+@dataclass(frozen=True)
 class OutputDelta:
     """What a request produced since its last OutputDelta, as its client sees it (text, token ids,
     logprobs); `finished` marks its last one. Clients merge them: api.generation.GenerationBuilder
@@ -104,6 +117,8 @@ class OutputDelta:
     top_logprobs: list[list[TopLogprob]] | None = None
     prompt_token_ids: list[int] | None = None  # in the first output only
     queue_time_s: float | None = None  # in the output with the first token: arrival to first admission
+    prompt_logprobs: PromptTokenLogprobs | None = None  # in the first output, when asked for
+    prompt_text: str | None = None  # in the first output, when the request set return_prompt_text
 
 
 @dataclass(frozen=True)
@@ -266,6 +281,9 @@ class StepDone:
     error: str | None = None
     has_logprobs: bool = False  # frames: sampled ids, then (if set) logprobs, top ids, top logprobs
     num_top: int = 0
+    # frames after those: prompt logprob starts, logprobs, ranks, top ids, top logprobs (ipc/step_frames)
+    has_prompt_logprobs: bool = False
+    num_prompt_top: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 

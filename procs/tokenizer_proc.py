@@ -41,6 +41,7 @@ from ipc.messages import (
     ContextOverflow,
     GenerateRequest,
     OutputDelta,
+    PromptTokenLogprobs,
     Ready,
     Rejected,
     RequestFailed,
@@ -86,6 +87,7 @@ class Stream:
     prompt_token_ids: list[int] | None  # sent with the first output, then dropped
     num_output_tokens: int = 0
     queue_time_s: float | None = None  # from the scheduler's first token, until it is sent
+    prompt_logprobs: PromptTokenLogprobs | None = None  # from the scheduler's first token, until sent
     # Accumulated for a request that does not stream.
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -303,6 +305,8 @@ class TokenizerProcess:
             del self.streams[out.request_id]
         if out.queue_time_s is not None:
             stream.queue_time_s = out.queue_time_s
+        if out.prompt_logprobs is not None:
+            stream.prompt_logprobs = self._prompt_logprobs(out, stream.prompt_token_ids or [])
         if not request.stream:
             stream.text.append(text)
             stream.token_ids += out.new_token_ids
@@ -320,12 +324,23 @@ class TokenizerProcess:
         else:
             new_ids, logprobs = out.new_token_ids, out.logprobs
         prompt_ids, stream.prompt_token_ids = stream.prompt_token_ids, None
+        prompt_text = None
+        if prompt_ids is not None and request.return_prompt_text:
+            prompt_text = self.tokenizer.decode(prompt_ids)
         queue_time_s, stream.queue_time_s = stream.queue_time_s, None
+        prompt_logprobs, stream.prompt_logprobs = stream.prompt_logprobs, None
         self._send(stream.identity, OutputDelta(
             request.request_id, text, list(new_ids), stream.num_prompt_tokens, stream.num_output_tokens,
             out.num_cached_tokens, finished, finish_reason, stop_reason, out.error, tokens,
-            None if logprobs is None else list(logprobs), top, prompt_ids, queue_time_s,
+            None if logprobs is None else list(logprobs), top, prompt_ids, queue_time_s, prompt_logprobs,
+            prompt_text,
         ), abort_on_failure=None if finished else out.request_id)
+
+    def _prompt_logprobs(self, out: TokenDelta, prompt_ids: list[int]) -> PromptTokenLogprobs:
+        decode = self.tokenizer.decode
+        top = [[TopLogprob(i, decode([i]), lp) for i, lp in pairs] for pairs in out.prompt_top_logprobs or []]
+        return PromptTokenLogprobs([decode([i]) for i in prompt_ids], list(out.prompt_logprobs),
+                                   list(out.prompt_ranks or []), top)
 
     def end_with_error(self, request_id: str, error: str) -> None:
         """End a stream with `error` (finish_reason "abort") and free what it holds in the scheduler."""

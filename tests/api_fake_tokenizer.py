@@ -14,7 +14,9 @@ scripted, one text piece per token:
   by the "engine" after two tokens with an error; stop strings and stop_token_ids end a request as
   the real detokenizer does.
 * "tokenization" is one token per character of the prompt (or of the ChatML-rendered chat); a
-  prompt seen before reports all but its last token as prefix-cached.
+  prompt seen before reports all but its last token as prefix-cached. A token-id prompt "decodes"
+  to "<id>" per token. Prompt logprobs are scripted: position p has logprob -0.5 * p and rank p,
+  its top N are "x", "y", ... at -0.1, -0.2, ...
 Every message received is kept in `received` for tests to check (aborts, seeds, params).
 """
 
@@ -37,6 +39,7 @@ from ipc.messages import (
     AbortRequest,
     GenerateRequest,
     OutputDelta,
+    PromptTokenLogprobs,
     ReplicaInfo,
     RequestFailed,
     ServerInfo,
@@ -282,6 +285,9 @@ class FakeTokenizer:
             top_logprobs=[top for _, _, top in lp] if lp is not None else None,
             prompt_token_ids=None if gen.sent_first else list(gen.prompt_ids),
             queue_time_s=None if gen.sent_first or not gen.pending_ids else 0.25,
+            prompt_logprobs=None if gen.sent_first else _prompt_logprobs(gen),
+            prompt_text=("".join(f"<{i}>" for i in gen.prompt_ids)
+                         if request.return_prompt_text and not gen.sent_first else None),
         )
         gen.pending_text, gen.pending_ids, gen.pending_lp = [], [], []
         gen.sent_first = True
@@ -298,3 +304,15 @@ class FakeTokenizer:
             return True
         except ChannelError:
             return False  # the client went away
+
+
+def _prompt_logprobs(gen: _Generation) -> PromptTokenLogprobs | None:
+    """The scripted prompt logprobs of a request that asked for them."""
+    num_top = gen.params.prompt_logprobs
+    if num_top is None:
+        return None
+    tokens = [chr(i) if gen.request.prompt_token_ids is None else f"<{i}>" for i in gen.prompt_ids]
+    top = [[TopLogprob(7 + k, "xyzuvw"[k % 6], -0.1 * (k + 1)) for k in range(num_top)] if p else []
+           for p in range(len(tokens))]
+    return PromptTokenLogprobs(tokens, [None] + [-0.5 * p for p in range(1, len(tokens))],
+                               [None] + list(range(1, len(tokens))), top)

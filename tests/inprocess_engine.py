@@ -35,6 +35,9 @@ class FinishedRequest:
     num_cached_tokens: int = 0
     error: str | None = None
     logprobs: list[float] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    prompt_ranks: list[int | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class Engine:
@@ -101,6 +104,10 @@ class Engine:
         completion.token_ids.extend(out.new_token_ids)
         if out.logprobs is not None:
             completion.logprobs = (completion.logprobs or []) + list(out.logprobs)
+        if out.prompt_logprobs is not None:
+            completion.prompt_logprobs = out.prompt_logprobs
+            completion.prompt_ranks = out.prompt_ranks
+            completion.prompt_top_logprobs = out.prompt_top_logprobs
         if out.finished:
             completion.finish_reason = out.finish_reason
             completion.error = out.error

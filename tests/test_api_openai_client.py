@@ -85,8 +85,49 @@ def test_echo_puts_the_prompt_before_each_choice_whole_and_streamed(servers):
     assert "".join(c.choices[0].text for c in stream if c.choices) == "Say:" + "".join(COMPLETION_REPLY[:2])
 
 
-def test_echo_with_logprobs_is_refused_naming_what_is_missing(servers):
-    with pytest.raises(openai.BadRequestError) as info:
-        client(servers[0]).completions.create(model="qwen3-tiny", prompt="Say:", max_tokens=1, echo=True,
-                                              logprobs=1)
-    assert "prompt's logprobs" in str(info.value)
+def test_echo_with_logprobs_and_max_tokens_0_scores_the_prompt_alone(servers):
+    reply = client(servers[0]).completions.create(model="qwen3-tiny", prompt="Say:", max_tokens=0, echo=True,
+                                                  logprobs=1)
+    choice = reply.choices[0]
+    assert choice.text == "Say:" and choice.finish_reason == "length"
+    assert choice.logprobs.tokens == ["S", "a", "y", ":"]
+    assert choice.logprobs.token_logprobs == [None, -0.5, -1.0, -1.5]
+    assert choice.logprobs.top_logprobs == [None, {"x": -0.1, "a": -0.5}, {"x": -0.1, "y": -1.0},
+                                            {"x": -0.1, ":": -1.5}]
+    assert choice.logprobs.text_offset == [0, 1, 2, 3]
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (4, 0)
+
+
+def test_echo_with_logprobs_and_max_tokens_1_puts_the_prompt_before_the_token(servers):
+    api = client(servers[0])
+    reply = api.completions.create(model="qwen3-tiny", prompt="Say:", max_tokens=1, echo=True, logprobs=0)
+    choice = reply.choices[0]
+    assert choice.text == "Say:" + COMPLETION_REPLY[0]
+    assert choice.logprobs.tokens == ["S", "a", "y", ":", COMPLETION_REPLY[0]]
+    assert choice.logprobs.token_logprobs == [None, -0.5, -1.0, -1.5, -0.25]
+    assert choice.logprobs.text_offset == [0, 1, 2, 3, 4]
+    stream = list(api.completions.create(model="qwen3-tiny", prompt="Say:", max_tokens=1, echo=True,
+                                         logprobs=0, stream=True))
+    streamed = [c.choices[0] for c in stream if c.choices]
+    assert "".join(c.text for c in streamed) == choice.text
+    assert [t for c in streamed if c.logprobs for t in c.logprobs.tokens] == choice.logprobs.tokens
+
+
+def test_prompt_logprobs_come_per_choice_the_vllm_way(servers):
+    api = client(servers[0])
+    reply = api.completions.create(model="qwen3-tiny", prompt="ab", max_tokens=1,
+                                   extra_body={"prompt_logprobs": 1})
+    entries = reply.choices[0].model_extra["prompt_logprobs"]
+    assert entries == [None, {"7": {"logprob": -0.1, "rank": 1, "decoded_token": "x"},
+                              str(ord("b")): {"logprob": -0.5, "rank": 1, "decoded_token": "b"}}]
+    stream = list(api.completions.create(model="qwen3-tiny", prompt="ab", max_tokens=2, stream=True,
+                                         extra_body={"prompt_logprobs": 1}))
+    firsts = [c.choices[0].model_extra.get("prompt_logprobs") for c in stream if c.choices]
+    assert firsts[0] == entries and all(f is None for f in firsts[1:])
+
+
+def test_echo_of_a_token_id_prompt_echoes_its_decoded_text(servers):
+    reply = client(servers[0]).completions.create(model="qwen3-tiny", prompt=[5, 6], max_tokens=1, echo=True)
+    assert reply.choices[0].text == "<5><6>" + COMPLETION_REPLY[0]
+
+

@@ -129,8 +129,9 @@ MALFORMED = [
      "unknown chat template argument"),
     ("chat", {**CHAT, "chat_template_kwargs": "thinking"}, 400, "chat_template_kwargs", "must be an object"),
     # fields this server only takes at their no-op value
-    ("completions", {**COMPLETION, "echo": True, "logprobs": 1}, 400, "echo", "prompt's logprobs"),
-    ("completions", {"prompt": [1, 2], "echo": True}, 400, "echo", "send the prompt as text"),
+    ("completions", {**COMPLETION, "prompt_logprobs": 21}, 400, "prompt_logprobs", "<= 20, got 21"),
+    ("completions", {**COMPLETION, "prompt_logprobs": -1}, 400, "prompt_logprobs", ">= 0"),
+    ("completions", {**COMPLETION, "max_tokens": 0}, 400, "max_tokens", ">= 1"),
     ("completions", {**COMPLETION, "suffix": "end"}, 400, "suffix", "not supported"),
     ("completions", {**COMPLETION, "logit_bias": {"50256": -100}}, 400, "logit_bias", "not supported"),
     ("chat", {**CHAT, "tools": [{"type": "function"}]}, 400, "tools", "tools are not supported"),

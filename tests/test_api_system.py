@@ -164,3 +164,26 @@ def test_native_clients_over_tcp_with_a_wrong_key_or_none_are_refused(system):
         with Client(address, timeout_s=60, api_key=key) as client, pytest.raises(ClientError) as info:
             client.generate(["Hello"], SamplingParams(max_tokens=2))
         assert "refused" in str(info.value)
+
+
+def test_echo_with_logprobs_scores_the_prompt_through_the_system(system):
+    port, address = system
+    prompt = "The capital of France is"
+    body = {"model": "tiny", "prompt": prompt, "echo": True, "logprobs": 2, "temperature": 0}
+    only = post(port, "/v1/completions", {**body, "max_tokens": 0}).json()["choices"][0]
+    one = post(port, "/v1/completions", {**body, "max_tokens": 1}).json()["choices"][0]
+    assert only["text"] == prompt and one["text"].startswith(prompt) and len(one["text"]) > len(prompt)
+    scored = only["logprobs"]
+    assert "".join(scored["tokens"]) == prompt and scored["token_logprobs"][0] is None
+    assert all(lp <= 0 for lp in scored["token_logprobs"][1:]) and scored["top_logprobs"][0] is None
+    assert all(2 <= len(top) <= 3 for top in scored["top_logprobs"][1:])
+    num_prompt = len(scored["tokens"])
+    assert one["logprobs"]["tokens"][:num_prompt] == scored["tokens"]
+    assert one["logprobs"]["token_logprobs"][1:num_prompt] == pytest.approx(scored["token_logprobs"][1:],
+                                                                             abs=1e-4)
+    assert len(one["logprobs"]["tokens"]) == num_prompt + 1
+    with Client(address, timeout_s=60, api_key=KEY) as client:
+        (native,) = client.generate([prompt], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
+    assert native.prompt_logprobs.tokens == scored["tokens"]
+    assert native.prompt_logprobs.logprobs[1:] == pytest.approx(scored["token_logprobs"][1:], abs=1e-4)
+    assert native.prompt_logprobs.ranks[0] is None and min(native.prompt_logprobs.ranks[1:]) >= 1

@@ -13,6 +13,7 @@ fill the next step's placeholders.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -29,10 +30,12 @@ from core.execution.kv_cache import KVCache
 from core.execution.model.causal_lm import CausalLM
 from core.execution.model.layers import finish_loading
 from core.execution.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
+from core.execution.prompt_logprobs import PromptScores, prompt_targets, score_prompt
 from core.execution.registry import registered_class
 from core.execution.sampler import Sampler, SamplingTensors
 from core.plan import StepPlan, StepResult
 from core.registry import MODEL_TYPES
+from core.sampling_params import MAX_LOGPROBS
 
 # Without a GPU to profile, a CPU replica gives its KV cache this much memory unless told otherwise.
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -73,8 +76,10 @@ class LaunchedStep:
     start_s: float
     has_result: bool  # rank 0: finish returns a StepResult; the other TP ranks get None
     rows: np.ndarray  # the requests that sample
-    host: dict[str, torch.Tensor]  # device-to-host copies in flight: token_ids, logprobs, top ids/logprobs
+    # device-to-host copies in flight: token_ids, logprobs, top ids/logprobs, prompt scores
+    host: dict[str, torch.Tensor]
     done: torch.cuda.Event | None  # recorded after the copies; None on the CPU (already done)
+    prompt_start: np.ndarray | None = None  # PromptScores.start when the step scored prompt tokens
 
     def ready(self) -> bool:
         return self.done is None or self.done.query()
@@ -132,14 +137,16 @@ class ModelRunner:
         return int(num_pages)
 
     def profile_peak_memory(self) -> int:
-        """Peak GPU bytes of the weights plus one forward at the largest step the scheduler plans."""
+        """Peak GPU bytes of the weights plus one forward at the largest step the scheduler plans,
+        its tokens scored as a prompt with the most top logprobs (core/execution/prompt_logprobs.py)."""
         block_size = self.config.cache.block_size
         num_tokens = min(self.config.scheduler.max_num_batched_tokens, self.config.max_model_len)
         scratch = self._allocate_kv_cache(-(-num_tokens // block_size))
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        plan = warmup_plan([(0, num_tokens)], block_size, self.config.model.vocab_size)
-        self.forward_logits(plan, scratch)
+        plan = dataclasses.replace(warmup_plan([(0, num_tokens)], block_size, self.config.model.vocab_size),
+                                   num_prompt_logprobs=np.array([MAX_LOGPROBS], np.int32))
+        self.forward(plan, scratch)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         del scratch
@@ -180,8 +187,12 @@ class ModelRunner:
     def launch(self, plan: StepPlan) -> LaunchedStep:
         """Queue the step's device work and return the handle `finish` waits on."""
         start = time.perf_counter()
-        logits, rows = self.forward_logits(plan)
+        logits, rows, prompt = self.forward(plan)
         host: dict[str, torch.Tensor] = {}
+        non_blocking = self.device.type == "cuda"  # into pinned memory, read after the event
+        if prompt is not None and prompt.logprobs is not None:
+            for name in ("logprobs", "ranks", "top_ids", "top_logprobs"):
+                host[f"prompt_{name}"] = getattr(prompt, name).to("cpu", non_blocking=non_blocking)
         if not self.tp.is_first_rank:
             if self.shares_samples and len(rows):
                 tokens = torch.empty(len(rows), dtype=torch.long, device=self.device)
@@ -194,7 +205,6 @@ class ModelRunner:
             if self.shares_samples:
                 self.tp.broadcast_from_first(tokens)
             self._prev_tokens[to_device(rows, self.device)] = tokens
-            non_blocking = self.device.type == "cuda"  # into pinned memory, read after the event
             host["token_ids"] = out.token_ids.to("cpu", non_blocking=non_blocking)
             if out.sampled_logprobs is not None:
                 host["sampled_logprobs"] = out.sampled_logprobs.to("cpu", non_blocking=non_blocking)
@@ -205,7 +215,8 @@ class ModelRunner:
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return LaunchedStep(plan, start, self.tp.is_first_rank, rows, host, done)
+        return LaunchedStep(plan, start, self.tp.is_first_rank, rows, host, done,
+                            None if prompt is None else prompt.start)
 
     def finish(self, launched: LaunchedStep) -> StepResult | None:
         """Wait for a launched step; rank 0 gets its result, the other TP ranks None."""
@@ -221,6 +232,10 @@ class ModelRunner:
             for name in ("sampled_logprobs", "top_token_ids", "top_logprobs"):
                 if name in launched.host:
                     result[name] = _scatter(launched.host[name], rows, plan.num_reqs)
+        if launched.prompt_start is not None:
+            result["prompt_logprob_start"] = launched.prompt_start
+            result.update({f"prompt_{name}": launched.host[f"prompt_{name}"].numpy()
+                           for name in ("logprobs", "ranks", "top_ids", "top_logprobs")})
         elapsed_ms = (time.perf_counter() - launched.start_s) * 1e3
         return StepResult(step_id=plan.step_id, replica=plan.replica, sampled_token_ids=sampled,
                           timings_ms={"execute": elapsed_ms}, **result)
@@ -242,13 +257,20 @@ class ModelRunner:
         """Whether the step's forward (and, where it can, its sampling) replays a decode graph."""
         return self.graphs is not None and self.graphs.can_run(plan)
 
-    @torch.inference_mode()
     def forward_logits(self, plan: StepPlan, kv_cache: KVCache | None = None
                        ) -> tuple[torch.Tensor | None, np.ndarray]:
         """Float32 logits [N, vocab] of the rows that sample (rank 0; None elsewhere) and those rows."""
-        if kv_cache is None and self._graphed(plan):
+        logits, rows, _ = self.forward(plan, kv_cache)
+        return logits, rows
+
+    @torch.inference_mode()
+    def forward(self, plan: StepPlan, kv_cache: KVCache | None = None
+                ) -> tuple[torch.Tensor | None, np.ndarray, PromptScores | None]:
+        """forward_logits, and the scores of the prompt tokens the plan asks for (None: it asks none)."""
+        targets = prompt_targets(plan)
+        if kv_cache is None and targets is None and self._graphed(plan):
             logits = self.graphs.run(plan, fill=lambda ids: self._fill_placeholders(plan, ids))
-            return logits, plan.sampled_rows
+            return logits, plan.sampled_rows, None
         kv_cache = kv_cache or self.kv_cache
         device = self.device
         input_ids = to_device(plan.input_ids, device).long()
@@ -256,11 +278,12 @@ class ModelRunner:
         positions = to_device(plan.positions, device).long()
         meta = AttentionMetadata.from_plan(plan, device)
         hidden = self.model(input_ids, positions, kv_cache, self.backend, meta)  # [T, hidden]
+        prompt = None if targets is None else score_prompt(hidden, targets, self.model.compute_logits)
         rows = plan.sampled_rows
         if not len(rows):
-            return None, rows
+            return None, rows, prompt
         logits_index = to_device(plan.logits_index[rows], device).long()
-        return self.model.compute_logits(hidden[logits_index]), rows  # [N, vocab] on rank 0
+        return self.model.compute_logits(hidden[logits_index]), rows, prompt  # [N, vocab] on rank 0
 
 
 def _scatter(values: torch.Tensor, rows: np.ndarray, num_reqs: int) -> np.ndarray:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from core.sampling_params import SamplingParams
+from core.scheduling.prompt_logprobs import PromptLogprobs
 
 
 class RequestStatus(enum.Enum):
@@ -69,6 +70,8 @@ class Request:
         self.error: str | None = None  # why the engine (not the client) aborted it
         self.num_preemptions = 0
         self.queue_time_s: float | None = None  # arrival to first admission; reported with the first token
+        self.prompt_scores = (None if sampling_params.prompt_logprobs is None
+                              else PromptLogprobs(self.prompt_token_ids, sampling_params.prompt_logprobs))
 
     @property
     def prompt_token_ids(self) -> np.ndarray:
@@ -82,6 +85,13 @@ class Request:
     def all_token_ids(self) -> np.ndarray:
         """Prompt then output, a view valid until the next append."""
         return self._token_ids[: self.num_tokens]
+
+    @property
+    def num_reusable_tokens(self) -> int:
+        """How many leading tokens may come from the prefix cache: none while its prompt is scored."""
+        if self.prompt_scores is not None and not self.prompt_scores.delivered:
+            return 0
+        return self.num_tokens - 1  # a full hit still computes the last token: it yields the next one
 
     @property
     def num_output_tokens(self) -> int:
@@ -130,5 +140,10 @@ class TokenDelta:
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the first admission
+    # With the first token, when the request asked for prompt logprobs: per prompt token its logprob
+    # (None for the first) and its top N (token id, logprob) pairs.
+    prompt_logprobs: list[float | None] | None = None
+    prompt_ranks: list[int | None] | None = None  # 1 + how many tokens the model found likelier
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # why a request was aborted by the engine rather than the client
     queue_time_s: float | None = None  # with the first token only: arrival to first admission

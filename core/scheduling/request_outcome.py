@@ -38,6 +38,9 @@ def token_output(request: Request, token: int, status: RequestStatus | None, row
                            num_cached_tokens=request.num_cached_tokens)
     if request.num_tokens == request.prompt_len + 1:
         output.queue_time_s = request.queue_time_s
+        if request.prompt_scores is not None:
+            (output.prompt_logprobs, output.prompt_ranks,
+             output.prompt_top_logprobs) = request.prompt_scores.deliver()
     num_logprobs = request.sampling_params.logprobs
     if num_logprobs is not None and result.sampled_logprobs is not None:
         output.logprobs = [float(result.sampled_logprobs[row])]

@@ -15,6 +15,7 @@ import numpy as np
 
 from core.plan import StepPlan
 from core.sampling_params import SAMPLING_DTYPE, sampling_row
+from core.scheduling.prompt_logprobs import prompt_columns
 from core.scheduling.request import Request
 
 
@@ -42,11 +43,13 @@ class RunningTable:
         self.block_table = np.zeros((num_rows, max_pages_per_request), np.int32)  # 0 = padding
         self.sampling = np.zeros(num_rows, SAMPLING_DTYPE)  # one record of settings per row
         self.has_penalties = np.zeros(num_rows, bool)
+        self.num_scoring_prompts = 0  # running requests that asked for prompt logprobs
 
     def assign(self, request: Request) -> None:
         row = request.row = self._free.pop()
         self.sampling[row] = sampling_row(request.sampling_params, request.seed)
         self.has_penalties[row] = request.sampling_params.has_penalties
+        self.num_scoring_prompts += request.prompt_scores is not None
 
     def add_pages(self, request: Request, pages: list[int]) -> None:
         start = len(request.pages)
@@ -61,6 +64,7 @@ class RunningTable:
     def release(self, request: Request) -> None:
         self.block_table[request.row, : len(request.pages)] = 0
         self._free.append(request.row)
+        self.num_scoring_prompts -= request.prompt_scores is not None
         request.row = None
 
     # --- the plan gathered from the table_rows ----------------------------------------------------------
@@ -97,6 +101,7 @@ class RunningTable:
             seq_lens=seq_lens, block_table=block_table, logits_index=logits_index,
             sampling=np.take(self.sampling, table_rows), output_pos=num_tokens - prompt_len,
             input_ids=input_ids, positions=positions, kv_index=kv_index, prev_row=prev_row, **history,
+            **(prompt_columns(scheduled, seq_lens) if self.num_scoring_prompts else {}),
         )
 
     def _penalty_history(self, scheduled: list[ScheduledChunk], table_rows: np.ndarray,

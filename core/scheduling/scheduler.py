@@ -268,6 +268,8 @@ class Scheduler:
             request.num_computed_tokens += chunk.num_new
             if publish and request.num_computed_tokens // block_size > request.num_published_pages:
                 self._pages.publish_written(request)
+            if request.prompt_scores is not None and result.prompt_logprob_start is not None:
+                request.prompt_scores.record(chunk.start, result, row)
             if logits_index[row] < 0:
                 continue  # a prefill chunk that does not reach the end samples nothing
             if in_flight_counts:
@@ -311,8 +313,7 @@ class Scheduler:
 
     def _admit(self, request: Request, budget: int) -> int | None:
         """Start (or restart) the head of the waiting queue; its tokens this step, or None if it must wait."""
-        # A full hit still computes the last known token: its forward yields the next token.
-        match = self.cache.match(request.all_token_ids[: request.num_tokens - 1])
+        match = self.cache.match(request.all_token_ids[: request.num_reusable_tokens])
         num_todo = request.num_tokens - match.length
         if self.config.enable_chunked_prefill or num_todo > self.config.max_num_batched_tokens:
             num_new = self._chunk(num_todo, budget)
