@@ -50,7 +50,7 @@ class ChoiceState:
         self.logprobs: list[dict[str, Any]] = []  # per output, in the endpoint's shape
         self.text_offset = 0
         self.echoed = False  # completions with echo: the prompt went out before the first text
-        self.prompt_logprobs: list[dict[str, Any] | None] | None = None  # completions' prompt_logprobs
+        self.prompt_logprobs: list[dict[str, Any] | None] | None = None  # its prompt_logprobs, when asked
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
@@ -300,6 +300,9 @@ class ChatCall(_Call):
                                        output.top_logprobs or [[] for _ in output.logprobs])
 
     def _accumulate(self, choice: ChoiceState, output: OutputDelta) -> None:
+        if output.prompt_logprobs is not None and self.parsed.prompt_logprobs is not None:
+            choice.prompt_logprobs = responses.prompt_logprobs_entries(output.prompt_logprobs,
+                                                                       output.prompt_token_ids or [])
         reasoning, content = self._split(choice, output)
         choice.reasoning.append(reasoning)
         choice.content.append(content)
@@ -315,8 +318,11 @@ class ChatCall(_Call):
                 logprobs = {"content": [entry for part in c.logprobs for entry in part["content"]]}
             message = responses.chat_message("".join(c.content), "".join(c.reasoning) or None)
             choices.append(responses.chat_choice(c.index, message, c.finish_reason, c.stop_reason, logprobs))
-        return responses.chat_completion(self.call_id, self.created, self.parsed.model, choices,
-                                         self._usage())
+        reply = responses.chat_completion(self.call_id, self.created, self.parsed.model, choices,
+                                          self._usage())
+        if self.parsed.prompt_logprobs is not None:  # every choice has the same prompt
+            reply["prompt_logprobs"] = self.choices[0].prompt_logprobs
+        return reply
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
         return responses.chat_chunk(self.call_id, self.created, self.parsed.model, choices,

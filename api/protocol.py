@@ -22,9 +22,10 @@ Choices of this server, where OpenAI and vLLM leave room:
   tokens, the first one's logprob null, as in vLLM. `max_tokens` 0 is allowed with echo (scoring a
   prompt, as evaluation harnesses do): the choice is the prompt alone. The request then runs with
   max_tokens 1 and the API drops the token it samples.
-* `prompt_logprobs` (completions, vLLM's): each choice carries `prompt_logprobs`, null for the first
-  prompt token, then per token a map of token id -> {logprob, rank, decoded_token}: the prompt
-  token's own and the top `prompt_logprobs` ones.
+* `prompt_logprobs` (vLLM's): each completion choice carries `prompt_logprobs` (a chat completion,
+  not streamed, once beside its choices): null for the first prompt token, then per token a map of
+  token id -> {logprob, rank, decoded_token}: the prompt token's own and the top
+  `prompt_logprobs` ones.
 * `stream_options.continuous_usage_stats` (vLLM's): every chunk carries the usage so far.
 * `max_tokens` left out means "up to the context length": max_model_len minus the prompt. The api
   process neither tokenizes nor renders chats, so the request goes out with max_tokens None and the
@@ -66,6 +67,7 @@ COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of", "pr
 CHAT_FIELDS = _COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
     "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+    "prompt_logprobs",
 }
 
 
@@ -99,7 +101,7 @@ class ParsedRequest:
     max_tokens_field: str  # how the client named max_tokens: "max_tokens" or "max_completion_tokens"
     echo: bool = False  # completions: each choice's text starts with its prompt
     echo_only: bool = False  # completions: echo with max_tokens 0: the sampled token is dropped
-    prompt_logprobs: int | None = None  # completions: the body's prompt_logprobs
+    prompt_logprobs: int | None = None  # the body's prompt_logprobs (vLLM's)
 
     @property
     def num_prompts(self) -> int:
@@ -182,9 +184,13 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
     if max_tokens is None:
         max_tokens = fields.int("max_tokens", None, None)
     stream, include_usage, continuous_usage = _parse_stream(fields, "/v1/chat/completions", strict_fields)
+    prompt_logprobs = fields.int("prompt_logprobs", 0, MAX_LOGPROBS)
+    if prompt_logprobs is not None and stream:
+        raise invalid("prompt_logprobs", "prompt_logprobs is not supported with stream true on chat "
+                      "completions (the response carries them once, beside its choices)")
     skip_special = fields.bool("skip_special_tokens", True)
     logprobs_field = "top_logprobs" if top_logprobs else "logprobs"
-    params = _sampling_params(fields, model, max_tokens, max_field, logprobs, logprobs_field)
+    params = _sampling_params(fields, model, max_tokens, max_field, logprobs, logprobs_field, prompt_logprobs)
     requests = tuple(
         GenerateRequest(
             request_id=f"{request_id}-{i}",
@@ -198,7 +204,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
         for i in range(n)
     )
     return ParsedRequest("chat", model_name, requests, n, stream, include_usage, continuous_usage, logprobs,
-                         max_field)
+                         max_field, prompt_logprobs=prompt_logprobs)
 
 
 # --- parts of a request ---------------------------------------------------------------------------

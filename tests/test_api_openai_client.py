@@ -131,3 +131,16 @@ def test_echo_of_a_token_id_prompt_echoes_its_decoded_text(servers):
     assert reply.choices[0].text == "<5><6>" + COMPLETION_REPLY[0]
 
 
+
+
+def test_chat_prompt_logprobs_come_once_beside_the_choices_and_not_streamed(servers):
+    api = client(servers[0])
+    reply = api.chat.completions.create(model="qwen3-tiny", messages=[{"role": "user", "content": "ab"}],
+                                        max_tokens=1, n=2, extra_body={"prompt_logprobs": 0})
+    entries = reply.model_extra["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == reply.usage.prompt_tokens
+    assert all(len(entry) == 1 and next(iter(entry.values()))["rank"] >= 1 for entry in entries[1:])
+    assert all("prompt_logprobs" not in choice.model_extra for choice in reply.choices)
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        api.chat.completions.create(model="qwen3-tiny", messages=[{"role": "user", "content": "ab"}],
+                                    max_tokens=1, stream=True, extra_body={"prompt_logprobs": 0})
