@@ -4,8 +4,8 @@ The engine's flags come from procs/args.py (`add_engine_args`, `config_from_args
 the API's own: --host (default 127.0.0.1: not reachable from other machines unless asked),
 --port (8000), --api-key (or the CADENCE_API_KEY environment variable), --served-model-name (the
 name clients send as `model`; default the model's name), --strict-request-fields, and a few
-limits. `_start_engine` is the one place that touches the launcher. The console script entry
-point is `api.cli:main`.
+limits. `_start_engine` is where the server starts the launcher (api/offline.py starts it for
+offline batches). The console script entry point is `api.cli:main`.
 """
 
 from __future__ import annotations

@@ -11,15 +11,13 @@ which these fixed seeds do not hit. tests/gpu/test_gpu_sampler.py repeats this o
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
@@ -29,24 +27,16 @@ from core.execution.sampling_noise import noise_at, noise_keys  # noqa: E402
 from tests.test_sampler import make_plan  # noqa: E402
 from tests.test_sampler_statistics import mixed_batch  # noqa: E402
 
-INTERPRETED = all(type(fn).__name__ == "InterpretedFunction"
-                  for fn in (triton.language.zeros, sampling_kernels._candidates_kernel))
+INTERPRETED = is_interpreted(triton.language.zeros, sampling_kernels._candidates_kernel)
 
 
 @pytest.fixture(autouse=True)
 def _kernels_run_here_or_in_the_child(request):
-    if not INTERPRETED and request.node.originalname != "test_kernels_in_a_fresh_interpreter":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1; a child process runs this test")
+    skip_unless_interpreted(request, INTERPRETED)
 
 
 def test_kernels_in_a_fresh_interpreter():
-    if INTERPRETED:
-        pytest.skip("the kernels run in this process")
-    repo = Path(__file__).resolve().parent.parent
-    child = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p",
-                            "no:cacheprovider"], cwd=repo, env={**os.environ, "TRITON_INTERPRET": "1"},
-                           capture_output=True, text=True, timeout=600)
-    assert child.returncode == 0, f"{child.stdout[-6000:]}\n{child.stderr[-2000:]}"
+    run_in_fresh_interpreter(__file__, INTERPRETED)
 
 
 def tensors(settings: dict, num_rows: int) -> SamplingTensors:

@@ -13,9 +13,6 @@ float16. Unwritten cache slots hold NaN: a kernel that reads a slot outside its 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -26,6 +23,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
@@ -50,24 +48,16 @@ from core.execution.attention.triton_kv_write import write_kv_paged  # noqa: E40
 from core.execution.runner import ModelRunner  # noqa: E402
 
 # Both triton's own library (tl.zeros, tl.max, ...) and our kernels must have been built interpreted.
-INTERPRETED = all(type(fn).__name__ == "InterpretedFunction"
-                  for fn in (triton.language.zeros, _decode_split_kernel))
+INTERPRETED = is_interpreted(triton.language.zeros, _decode_split_kernel)
 
 
 @pytest.fixture(autouse=True)
 def _kernels_run_here_or_in_the_child(request):
-    if not INTERPRETED and request.node.originalname != "test_kernels_in_a_fresh_interpreter":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1; a child process runs this test")
+    skip_unless_interpreted(request, INTERPRETED)
 
 
 def test_kernels_in_a_fresh_interpreter():
-    if INTERPRETED:
-        pytest.skip("the kernels run in this process")
-    repo = Path(__file__).resolve().parent.parent
-    child = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p",
-                            "no:cacheprovider"], cwd=repo, env={**os.environ, "TRITON_INTERPRET": "1"},
-                           capture_output=True, text=True, timeout=600)
-    assert child.returncode == 0, f"{child.stdout[-6000:]}\n{child.stderr[-2000:]}"
+    run_in_fresh_interpreter(__file__, INTERPRETED)
 
 
 HEAD_DIM = 32
