@@ -282,6 +282,9 @@ PRESETS: dict[str, ModelConfig] = {
 class ParallelConfig:
     tp_size: int = 1
     dp_size: int = 1
+    # True: every all-reduce of a TP group goes through torch.distributed (NCCL), never the one-shot
+    # kernel of core/execution/custom_all_reduce.py.
+    disable_custom_all_reduce: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp_size", "dp_size"):

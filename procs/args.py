@@ -74,7 +74,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="plan the next step while the current one runs, two steps in flight per "
                             "replica (default: on)")
     group.add_argument("--enforce-eager", action="store_true",
-                       help="no CUDA graphs for decode steps (default: graphs on a single-rank GPU replica)")
+                       help="no CUDA graphs for decode steps (default: graphs on every GPU replica, TP "
+                            "ranks included where their all-reduces can be captured)")
+    group.add_argument("--disable-custom-all-reduce", action="store_true",
+                       help="TP all-reduces all through NCCL, never the one-shot kernel over the peers' "
+                            "memory that takes the small ones (default: the kernel where the GPUs can map "
+                            "each other's memory)")
     group.add_argument("--seed", type=int, default=0, help="dummy weights and unseeded sampling (default: 0)")
     group.add_argument("--step-timeout", type=float, default=LaunchOptions.step_timeout_s,
                        help="seconds a step may take before its replica is declared stuck "
@@ -107,7 +112,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         model = model.quantized_at_load(args.quantization)
     return EngineConfig(
         model=model,
-        parallel=ParallelConfig(tp_size=args.tp, dp_size=args.dp),
+        parallel=ParallelConfig(tp_size=args.tp, dp_size=args.dp,
+                                disable_custom_all_reduce=args.disable_custom_all_reduce),
         cache=CacheConfig(block_size=args.block_size, num_pages=args.num_gpu_blocks_override,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           enable_prefix_caching=args.enable_prefix_caching),

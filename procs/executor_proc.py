@@ -46,8 +46,10 @@ def run_executor(spec_bytes: bytes, ready_conn: Connection) -> None:
 
     def start() -> Executor:
         executor = Executor(spec, _build_runner(spec), log)
-        log.info("ready: %d KV pages of %d tokens on %s", executor.num_pages, spec.config.cache.block_size,
-                 spec.device)
+        graphs = getattr(executor.runner, "graphs", None)
+        log.info("ready: %d KV pages of %d tokens on %s; %s", executor.num_pages,
+                 spec.config.cache.block_size, spec.device,
+                 f"decode CUDA graphs up to batch {graphs.max_batch}" if graphs else "eager")
         return executor
 
     run_actor(ready_conn, Ready("executor", os.getpid(), spec.replica, spec.rank), log, start)
@@ -56,6 +58,7 @@ def run_executor(spec_bytes: bytes, ready_conn: Connection) -> None:
 def _build_runner(spec: ExecutorSpec):
     import torch
 
+    from core.execution.custom_all_reduce import DEFAULT_MAX_BYTES
     from core.execution.distributed import TPGroup, init_tp_group
     from core.execution.runner import ModelRunner
 
@@ -69,9 +72,10 @@ def _build_runner(spec: ExecutorSpec):
     if fault is not None and fault.at == JOIN:  # a drill: a rank that hangs, dies or fails before joining
         logging.getLogger(__name__).warning("fault drill: %s before joining the TP group", fault.action)
         strike(fault)
+    custom_all_reduce_bytes = 0 if spec.config.parallel.disable_custom_all_reduce else DEFAULT_MAX_BYTES
     tp = TPGroup() if tp_size == 1 else init_tp_group(
         spec.rank, tp_size, spec.dist_init_method, spec.dist_backend, spec.device,
-        timeout_s=spec.dist_timeout_s)
+        timeout_s=spec.dist_timeout_s, custom_all_reduce_bytes=custom_all_reduce_bytes)
     config = dataclasses.replace(spec.config, device=spec.device)
     return ModelRunner(config, tp=tp, show_progress=spec.rank == 0, memory_share=spec.kv_memory_share)
 

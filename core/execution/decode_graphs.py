@@ -9,6 +9,14 @@ rows past B padded: no query (the attention kernels skip them), KV slot -1 (noth
 Steps that are not pure decodes, or larger than the ladder, run eagerly. Graphs never change
 outputs: the same kernels run on the same data.
 
+On a TP replica every rank captures the same ladder and replays the same size in lockstep (each
+decides from the same plan), the all-reduces inside the graphs: the one-shot kernel of
+core/execution/custom_all_reduce.py for the sizes it takes, NCCL's captured collectives above it
+(a gloo group, which moves CUDA tensors through the host, gets graphs only up to the largest size
+the kernel takes). There the graph ends at the hidden states: the logits (the vocabulary-parallel
+lm_head and the gather to rank 0) and rank 0's broadcast of the sampled tokens run eagerly after the
+replay, and rank 0 copies the logits into the sampling graph's static buffer.
+
 Each size also has a sampling graph, replayed right after the forward when a step samples randomly:
 the argmax, the top-k pass and the two sampling kernels of core/execution/sampler.py's `sample_tokens`, over
 the forward's logits, with the rows' settings copied into static buffers (padding rows get
@@ -26,6 +34,7 @@ import numpy as np
 import torch
 
 from core.execution.attention.backend import AttentionBackend, AttentionMetadata
+from core.execution.distributed import TPGroup
 from core.execution.host_to_device import pinned
 from core.execution.kv_cache import KVCache
 from core.execution.sampler import DrawSettings, SamplingTensors, candidate_count, sampling_kernels
@@ -40,9 +49,18 @@ LADDER = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 22
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, backend: AttentionBackend, kv_cache: KVCache,
-                 max_batch: int, max_seq_len: int, device: torch.device) -> None:
+                 max_batch: int, max_seq_len: int, device: torch.device, tp: TPGroup | None = None) -> None:
+        tp = tp or TPGroup()
         self.sizes = [s for s in LADDER if s < max_batch] + [max_batch]
         self.max_batch = max_batch
+        self.model = model
+        # One rank: the graph ends at the logits. TP: at the hidden states (the logits' gather is eager).
+        self.logits_in_graph = tp.group is None
+        self.vocab_size = model.config.vocab_size
+        # TP rank 0: the step's logits, copied in after the replay, that the sampling graphs read.
+        self._static_logits = None
+        if not self.logits_in_graph and tp.is_first_rank:
+            self._static_logits = torch.zeros(max_batch, self.vocab_size, dtype=torch.float32, device=device)
         block_size = kv_cache.block_size
         max_pages = -(-max_seq_len // block_size)
         # Static inputs: every graph reads its first `size` rows of these.
@@ -53,7 +71,7 @@ class DecodeGraphs:
         self.query_start = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(max_batch, max_pages, dtype=torch.int32, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._logits: dict[int, torch.Tensor] = {}
+        self._outputs: dict[int, torch.Tensor] = {}  # per size: the logits, or on TP the hidden states
         self._keep: list[object] = []  # per graph, the backend's launch_state (split scratch) it writes
         # The sampling graphs' static settings (every graph reads its first `size` rows) and draws.
         self.draw_settings = DrawSettings.zeros(max_batch, device)
@@ -73,20 +91,21 @@ class DecodeGraphs:
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._logits[size] = self._forward(model, backend, kv_cache, meta, size)
+                self._outputs[size] = self._forward(model, backend, kv_cache, meta, size)
             self._graphs[size] = graph
             self._keep.append(backend.launch_state())
-            if sampling_kernels is not None:
+            if sampling_kernels is not None and tp.is_first_rank:
                 self._capture_sampling(size, pool)
         torch.cuda.synchronize(device)
 
     def _forward(self, model, backend, kv_cache, meta, size: int) -> torch.Tensor:
         hidden = model(self.input_ids[:size], self.positions[:size], kv_cache, backend, meta)
-        return model.compute_logits(hidden)  # [size, vocab] float32
+        # [size, vocab] float32 logits, or the [size, hidden] states on TP
+        return model.compute_logits(hidden) if self.logits_in_graph else hidden
 
     def _capture_sampling(self, size: int, pool) -> None:
         settings = self.draw_settings.rows(slice(0, size))
-        logits = self._logits[size]
+        logits = self._outputs[size] if self.logits_in_graph else self._static_logits[:size]
         self.num_candidates = min(GRAPH_CANDIDATES, logits.shape[1])
 
         def draw() -> torch.Tensor:
@@ -108,8 +127,7 @@ class DecodeGraphs:
         penalties, every top_k one the graph's candidates hold (sampler.py's `candidate_count`)."""
         if self._last_size not in self._sampling_graphs or st.all_greedy or st.any_penalties:
             return False
-        vocab_size = self._logits[self._last_size].shape[1]
-        return candidate_count(st.max_top_k, vocab_size) <= self.num_candidates
+        return candidate_count(st.max_top_k, self.vocab_size) <= self.num_candidates
 
     def sample(self, st: SamplingTensors) -> torch.Tensor:
         """The tokens [B] (int64) of the step just replayed by `run`, drawn by its sampling graph."""
@@ -126,8 +144,8 @@ class DecodeGraphs:
         return (0 < num_reqs <= self.max_batch and plan.num_tokens == num_reqs
                 and bool((plan.logits_index >= 0).all()))
 
-    def run(self, plan: StepPlan, fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
-        """Logits [B, vocab] of the step's B requests, in plan order.
+    def run(self, plan: StepPlan, fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor | None:
+        """Logits [B, vocab] of the step's B requests, in plan order (None on TP ranks other than 0).
 
         `fill`, when given, may patch the input ids (the graph's static buffer) before the replay."""
         num_reqs = plan.num_reqs
@@ -150,4 +168,10 @@ class DecodeGraphs:
             self.kv_index[num_reqs:size].fill_(-1)
         self._graphs[size].replay()
         self._last_size = size
-        return self._logits[size][:num_reqs]
+        if self.logits_in_graph:
+            return self._outputs[size][:num_reqs]
+        logits = self.model.compute_logits(self._outputs[size][:num_reqs])  # every rank: the gather
+        if logits is None or self._static_logits is None:
+            return logits
+        self._static_logits[:num_reqs].copy_(logits)
+        return self._static_logits[:num_reqs]

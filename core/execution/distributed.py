@@ -1,5 +1,6 @@
-"""The tensor-parallel group of one replica: rank, size and the two collectives the model needs,
-and joining it at start-up.
+"""The tensor-parallel group of one replica: rank, size and the collectives the model needs (small
+all-reduces through the one-shot kernel of core/execution/custom_all_reduce.py where the GPUs can
+map each other's memory), and joining it at start-up.
 
 At tp=1 every collective is the identity and torch.distributed is never initialised, so a single
 card (or a CPU test) needs no process group. Replicas (DP) never share a group.
@@ -15,12 +16,15 @@ torch.distributed alone would wait its default ten minutes and say only that a t
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import torch
+
+from core.execution.custom_all_reduce import CustomAllReduce, connect
 
 _JOIN_POLL_S = 0.05
 
@@ -29,28 +33,46 @@ _JOIN_POLL_S = 0.05
 class TPGroup:
     rank: int = 0
     size: int = 1
-    # The torch.distributed group of this replica's ranks; None at tp=1.
+    # The torch.distributed group of this replica's ranks; None at tp=1 (every collective is the
+    # identity). A one-rank group is allowed: its collectives run (tests of the TP code paths).
     group: object | None = None
+    # The one-shot kernel for small all-reduces (core/execution/custom_all_reduce.py); None: every
+    # all-reduce goes through torch.distributed.
+    custom_all_reduce: CustomAllReduce | None = None
 
     @property
     def is_first_rank(self) -> bool:
         return self.rank == 0
 
+    @property
+    def backend(self) -> str | None:
+        return None if self.group is None else torch.distributed.get_backend(self.group)
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place."""
-        if self.size > 1:
+        """Sum `x` over the ranks, in place: the custom kernel where it takes x, else the collective
+        library (the choice depends on x's size only, so every rank makes the same one)."""
+        if self.custom_all_reduce is not None and self.custom_all_reduce.fits(x):
+            return self.custom_all_reduce(x)
+        if self.group is not None:
             torch.distributed.all_reduce(x, group=self.group)
         return x
 
+    def captures_all_reduce(self, num_bytes: int) -> bool:
+        """Whether a CUDA graph can capture the all-reduce of a message of `num_bytes`: no collective,
+        the custom kernel, or NCCL (gloo moves CUDA tensors through the host)."""
+        custom = self.custom_all_reduce
+        fits = custom is not None and num_bytes <= custom.max_bytes
+        return self.group is None or fits or self.backend == "nccl"
+
     def broadcast_from_first(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's `x` on every rank, in place (a contiguous tensor)."""
-        if self.size > 1:
+        if self.group is not None:
             torch.distributed.broadcast(x, src=self._global_rank(0), group=self.group)
         return x
 
     def gather_to_first(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor | None:
         """Concatenate every rank's `x` along `dim` on rank 0; the other ranks get None."""
-        if self.size == 1:
+        if self.group is None or self.size == 1:
             return x
         if x.is_cuda and torch.distributed.get_backend(self.group) == "gloo":
             # gloo moves CUDA tensors only for broadcast and all-reduce; a gather goes through the host.
@@ -72,12 +94,14 @@ class TPStartupError(RuntimeError):
 
 
 def init_tp_group(rank: int, size: int, init_method: str, backend: str, device: str = "cpu",
-                  timeout_s: float = 120.0) -> TPGroup:
+                  timeout_s: float = 120.0, custom_all_reduce_bytes: int = 0) -> TPGroup:
     """Join the process group of one replica's TP ranks (all ranks call this together).
 
     `init_method` is "tcp://host:port", where rank 0 hosts the rendezvous. Within `timeout_s` every
     rank must arrive and a first all-reduce must complete, or TPStartupError names who did not; the
-    same timeout then bounds every collective of the group."""
+    same timeout then bounds every collective of the group. On GPUs, a positive
+    `custom_all_reduce_bytes` sets up the one-shot kernel for all-reduces up to that size (the whole
+    group turns it on, or off with one log line saying why)."""
     if size == 1:
         return TPGroup()
     me = f"tp={rank} on {device}"
@@ -108,6 +132,9 @@ def init_tp_group(rank: int, size: int, init_method: str, backend: str, device: 
                              f"{_first_line(exc)}") from None
     group = TPGroup(rank=rank, size=size, group=torch.distributed.group.WORLD)
     _first_all_reduce(group, device, me, timeout_s, store)
+    if custom_all_reduce_bytes > 0 and device.startswith("cuda"):
+        custom = connect(store, rank, size, torch.device(device), custom_all_reduce_bytes)
+        group = dataclasses.replace(group, custom_all_reduce=custom)
     return group
 
 

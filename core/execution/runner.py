@@ -168,14 +168,26 @@ class ModelRunner:
         torch.cuda.empty_cache()
 
     def _capture_graphs(self) -> DecodeGraphs | None:
-        """CUDA graphs of the decode step, on one GPU rank with a backend that supports them (see
-        decode_graphs)."""
-        if (self.device.type != "cuda" or self.config.enforce_eager or self.tp.size > 1
-                or not self.backend.supports_decode_graphs):
+        """CUDA graphs of the decode step, with a backend that supports them, for every batch size
+        whose all-reduces the TP group can capture (see decode_graphs)."""
+        if self.device.type != "cuda" or self.config.enforce_eager or not self.backend.supports_decode_graphs:
+            return None
+        max_batch = self.graph_batch_limit()
+        if max_batch == 0:
             return None
         with torch.inference_mode():
-            return DecodeGraphs(self.model, self.backend, self.kv_cache, self.config.scheduler.max_num_seqs,
-                                self.config.max_model_len, self.device)
+            return DecodeGraphs(self.model, self.backend, self.kv_cache, max_batch, self.config.max_model_len,
+                                self.device, self.tp)
+
+    def graph_batch_limit(self) -> int:
+        """The largest decode batch (up to max_num_seqs) whose all-reduces, [batch, hidden] in the
+        model's dtype, the TP group can capture in a graph; 0: none."""
+        row_bytes = self.config.model.hidden_size * self.dtype.itemsize
+        max_batch = self.config.scheduler.max_num_seqs
+        if self.tp.captures_all_reduce(max_batch * row_bytes):
+            return max_batch
+        custom = self.tp.custom_all_reduce  # a gloo group: only what the kernel takes
+        return 0 if custom is None else min(max_batch, custom.max_bytes // row_bytes)
 
     # --- the step ------------------------------------------------------------------------------
 
