@@ -138,8 +138,8 @@ def test_a_one_rank_group_captures_tp_decode_graphs_equal_to_eager(custom):
         def runner(enforce_eager: bool) -> ModelRunner:
             config = EngineConfig(model=ModelConfig.from_name("qwen3-tiny", dtype="float32"),
                                   cache=CacheConfig(block_size=16, num_pages=2048),
-                                  scheduler=SchedulerConfig(max_model_len=1024, max_num_seqs=40), device="cuda",
-                                  enforce_eager=enforce_eager)
+                                  scheduler=SchedulerConfig(max_model_len=1024, max_num_seqs=40),
+                                  device="cuda", enforce_eager=enforce_eager)
             return ModelRunner(config, tp=group, show_progress=False)
 
         graphs, eager = runner(False), runner(True)
