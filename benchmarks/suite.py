@@ -53,11 +53,14 @@ import urllib.request
 from dataclasses import dataclass
 
 from benchmarks.lib.layout_runs import (
+    ALL_REDUCE_PREFIX,
     LAYOUT_RUNS,
     MATRIX_KEY,
     MULTI_GPU_GROUP,
     LayoutRun,
+    all_reduce_command,
     drill_command,
+    is_command_run,
     matrix_command,
 )
 
@@ -141,7 +144,7 @@ SINGLE_CARD_RUNS = {
 # index here, stays what it was); drills and the matrix start servers of their own.
 RUNS = {**SINGLE_CARD_RUNS,
         **{k: Run(k, r.server_flags, r.load_flags, r.num_prompts, r.prompts_of)
-           for k, r in LAYOUT_RUNS.items() if not r.kill and k != MATRIX_KEY}}
+           for k, r in LAYOUT_RUNS.items() if not is_command_run(r)}}
 GROUPS = {"multi-gpu": list(MULTI_GPU_GROUP)}
 ALL_KEYS = list(dict.fromkeys([*RUNS, "peer", *LAYOUT_RUNS]))
 
@@ -236,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
                 if not args.dry_run:
                     continue
             layout = LAYOUT_RUNS.get(key)
-            if layout is not None and key not in RUNS:  # a drill or the matrix: a command of its own
+            if layout is not None and key not in RUNS:  # a drill, the matrix, a sweep: a command of its own
                 if server is not None:  # its cards must be free
                     server.stop()
                     server, server_flags = None, None
@@ -294,9 +297,11 @@ def _visible_gpus() -> int:
 
 
 def _run_command(run: LayoutRun, serve_flags: list[str], args: argparse.Namespace) -> None:
-    """A fault drill or the generalization matrix: a program that starts its own servers."""
+    """A fault drill, the generalization matrix or an all-reduce sweep: a program of its own."""
     if run.key == MATRIX_KEY:
         command = matrix_command(args.model, args.out_dir)
+    elif run.key.startswith(ALL_REDUCE_PREFIX):
+        command = all_reduce_command(run, args.out_dir)
     else:
         command = drill_command(run, serve_flags, args.scale, args.out_dir)
     print(f"[suite] {run.key}: {shlex.join(['python', *command[1:]])}", flush=True)

@@ -63,7 +63,7 @@ def test_the_report_has_a_section_per_layout_with_rows_not_run_until_they_run(tm
     rows = {row["run"]: row for section in figures["layouts"].values() for row in section}
     assert set(rows) == set(LAYOUT_RUNS)
     assert rows["tp4"]["result"] == "not run: needs 4 GPUs" and rows["tp4"]["met"] is None
-    assert "0 of 12 runs made" in markdown
+    assert "0 of 15 runs made" in markdown
     for layout in LAYOUTS:
         assert f"### {layout} (" in markdown
     assert ("| dp8_gpus | 8 | total tok/s >= 0.95 x 8 x c302's (DP 1, one card of the same machine) | "
@@ -82,6 +82,11 @@ def test_runs_that_are_there_are_held_to_their_goals(tmp_path):
     (results / "dp2_gpus.json").write_text(json.dumps(c302))
     drill = json.loads((REPORTS / "h200" / "faults" / "drill_dp2_kill_executor.json").read_text())
     (results / "dp2_kill.json").write_text(json.dumps(drill))
+    sweep = {"rows": [{"bytes": 2048, "custom_ok": True, "custom_us": 4.0, "nccl_us": 11.0},
+                      {"bytes": 10240, "custom_ok": True, "custom_us": 4.5, "nccl_us": 11.5},
+                      {"bytes": 1 << 20, "custom_ok": True, "custom_us": 40.0, "nccl_us": 30.0}],
+             "crossover_bytes": 1 << 20, "command": "python -m benchmarks.all_reduce --ranks 2"}
+    (results / "allreduce_tp2.json").write_text(json.dumps(sweep))
     report.main(["--results", str(REPORTS / "h200"), "--machine", "one H200", "--layout-results",
                  str(results), "--layout-machine", "two H100", "--out-dir", str(tmp_path)])
     rows = {row["run"]: row for section in json.loads((tmp_path / "performance.json").read_text())["layouts"]
@@ -90,8 +95,11 @@ def test_runs_that_are_there_are_held_to_their_goals(tmp_path):
     assert rows["dp2_gpus"]["met"] is False and "90.0% of 2 x c302" in rows["dp2_gpus"]["result"]
     assert rows["dp2_kill"]["met"] is True and rows["dp2_kill"]["result"].startswith("400 of 400 completed")
     assert rows["tp4"]["result"] == "not run: needs 4 GPUs"
+    assert rows["allreduce_tp2"]["met"] is True
+    assert rows["allreduce_tp2"]["result"] == ("10 KB: one-shot 4.5 us, NCCL 11.5 us; NCCL as fast from "
+                                               "1,048,576 bytes up")
     markdown = (tmp_path / "performance.md").read_text()
-    assert "3 of 12 runs made, on two H100." in markdown
+    assert "4 of 15 runs made, on two H100." in markdown
     assert "Machine: one H200." in markdown  # the single-card rows still come from --results
 
 

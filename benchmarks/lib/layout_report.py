@@ -8,7 +8,7 @@ performance.json holds the same rows under "layouts".
 
 from __future__ import annotations
 
-from benchmarks.lib.layout_runs import LAYOUT_RUNS, LAYOUTS, MATRIX_KEY, LayoutRun
+from benchmarks.lib.layout_runs import ALL_REDUCE_PREFIX, LAYOUT_RUNS, LAYOUTS, MATRIX_KEY, LayoutRun
 
 # c1 median TPOT goals (ms) of the issue that asked for TP; TP 1 on one H200 is 8.4 ms.
 TPOT_GOAL_MS = {"tp2": 4.3, "tp4": 3.0}
@@ -74,6 +74,8 @@ def _outcome(run: LayoutRun, result: dict, results: dict[str, dict]) -> tuple[st
         return text, bool(result.get("passed"))
     if run.kill:
         return _drill_outcome(run, result)
+    if run.key.startswith(ALL_REDUCE_PREFIX):
+        return _all_reduce_outcome(result)
     tpot, total = result["tpot_ms"]["median"], result["total_token_throughput"]
     text = (f"{result['completed']}/{result['failed']} done/failed; TPOT median {tpot:.2f} ms; "
             f"total {total:,.0f} tok/s")
@@ -88,6 +90,18 @@ def _outcome(run: LayoutRun, result: dict, results: dict[str, dict]) -> tuple[st
         return (text + f"; {ratio:.1%} of {replicas} x {base_key}",
                 result["failed"] == 0 and ratio >= DP_EFFICIENCY_GOAL)
     return text, None
+
+
+def _all_reduce_outcome(result: dict) -> tuple[str, bool]:
+    token = next(r for r in result["rows"] if r["bytes"] == 10240)
+    custom, nccl = token["custom_us"], token["nccl_us"]
+    if custom is None:
+        return "the one-shot kernel turned itself off (see the run's log)", False
+    crossover = result.get("crossover_bytes")
+    text = (f"10 KB: one-shot {custom:.1f} us, NCCL {nccl:.1f} us; "
+            + (f"NCCL as fast from {crossover:,} bytes up" if crossover else "one-shot faster at every size"))
+    correct = all(r["custom_ok"] is not False for r in result["rows"])
+    return text + ("" if correct else "; WRONG SUMS"), correct and custom < nccl
 
 
 def _drill_outcome(run: LayoutRun, result: dict) -> tuple[str, bool]:

@@ -25,6 +25,8 @@ RANDOM = ("--dataset", "random", "--input-len", "1784", "--output-len", "256")
 # The Reliability section's drills (docs/reports/performance_notes.md): 1,024 in / 256 out, 64 streams.
 DRILL = ("--dataset", "random", "--input-len", "1024", "--output-len", "256", "--max-concurrency", "64")
 MATRIX_KEY = "matrix_multi_gpu"
+# Runs of benchmarks/all_reduce.py: the one-shot kernel against NCCL per message size, on N cards.
+ALL_REDUCE_PREFIX = "allreduce_tp"
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,10 @@ LAYOUT_RUNS = {run.key: run for run in (
     LayoutRun("dp2tp2_kill", "DP 2 x TP 2", 4, ("--dp", "2", "--tp", "2"), DRILL, 400,
               "SIGKILL of executor dp=1 tp=1 20 s in: 400 of 400 requests complete with every token, "
               "/health 200 throughout", kill="cadence:executor dp=1 tp=1"),
+    *(LayoutRun(f"{ALL_REDUCE_PREFIX}{n}", f"TP {n}", n, (), (), 0,
+                "one-shot all-reduce of 10 KB (a decode token) faster than NCCL's, both in CUDA graphs "
+                "(SGLang's one-shot: 3.7-4.5 us at <= 32 KB on two H100s); the crossover size sets "
+                "DEFAULT_MAX_BYTES") for n in (2, 4, 8)),
     LayoutRun(MATRIX_KEY, "generalization matrix", 2, (), (), 0,
               "every cell of `--subset multi-gpu` passes on the cards there are (the layouts that need "
               "more are listed as not run)"),
@@ -93,6 +99,17 @@ def drill_command(run: LayoutRun, serve_flags: list[str], scale: float, out_dir:
             "--out", os.path.join(out_dir, f"{run.key}.json"),
             "--server-log", os.path.join(out_dir, f"server_{run.key}.log"), "--",
             *run.load_flags, "--num-prompts", str(scaled_prompts(run, scale)), "--seed", "0"]
+
+
+def is_command_run(run: LayoutRun) -> bool:
+    """A run that is a program of its own (a drill, the matrix, an all-reduce sweep), not a load run."""
+    return bool(run.kill) or run.key == MATRIX_KEY or run.key.startswith(ALL_REDUCE_PREFIX)
+
+
+def all_reduce_command(run: LayoutRun, out_dir: str) -> list[str]:
+    """python -m benchmarks.all_reduce on the run's cards."""
+    return [sys.executable, "-m", "benchmarks.all_reduce", "--ranks", str(run.gpus),
+            "--out", os.path.join(out_dir, f"{run.key}.json")]
 
 
 def matrix_command(model: str, out_dir: str) -> list[str]:
