@@ -10,8 +10,9 @@ visible. A TP rank that cannot reach its peers gives up after --dist-timeout
 (core/execution/distributed.py), so a broken multi-card start-up ends with a name, not in a hang.
 
 Supervision waits on the children's sentinels, so a death is noticed at once. A dead executor
-takes its replica down (the scheduler moves the replica's requests to live ones); a dead scheduler
-or tokenizer ends serving. Shutdown goes tokenizer -> scheduler (which stops its executors) ->
+takes its replica down (the scheduler moves the replica's requests to live ones) and its TP peers
+are ended (SIGTERM, SIGKILL 3 s later) so that their memory comes back; a dead scheduler or
+tokenizer ends serving. Shutdown goes tokenizer -> scheduler (which stops its executors) ->
 executors, each with a deadline and SIGKILL after it; the run's sockets and /dev/shm segments are
 removed whatever happened.
 """
@@ -49,6 +50,8 @@ log = logging.getLogger("cadence.launcher")
 
 # Between two decode steps the scheduler takes well under a millisecond to plan the next one.
 SPIN_S = 1e-3
+# How long the surviving ranks of a dead TP replica get to exit on SIGTERM before SIGKILL.
+_PEER_GRACE_S = 3.0
 
 
 class LaunchError(RuntimeError):
@@ -264,14 +267,29 @@ class Launcher:
             state.alive, state.reason = False, reason
             with contextlib.suppress(Exception):
                 to_scheduler.send(ReplicaDown(child.replica, reason))
-            for peer in state.executors:  # its TP peers cannot step alone
-                if peer is not child and peer.process.is_alive():
-                    peer.process.terminate()
+            peers = [p for p in state.executors if p is not child and p.process.is_alive()]
+            if peers:  # its TP peers cannot step alone; ended, so that their cards' memory comes back
+                threading.Thread(target=_end_peers, args=(peers, _PEER_GRACE_S), daemon=True,
+                                 name=f"cadence-end-replica-{child.replica}").start()
 
     # --- for tests and operators ----------------------------------------------------------------
 
     def kill_executor(self, replica: int, rank: int, sig: int = signal.SIGKILL) -> None:
         os.kill(self.replicas[replica].executors[rank].process.pid, sig)
+
+
+def _end_peers(peers: list[Child], grace_s: float) -> None:
+    """SIGTERM the surviving ranks of a dead TP replica, SIGKILL those alive `grace_s` later: a rank
+    blocked in a collective with the dead one (NCCL waits inside CUDA, where no Python signal handler
+    runs) would otherwise hold its card's memory until the server stops."""
+    for peer in peers:
+        peer.process.terminate()
+    deadline = time.monotonic() + grace_s
+    for peer in peers:
+        peer.process.join(max(0.0, deadline - time.monotonic()))
+        if peer.process.is_alive():
+            log.warning("%s did not exit within %g s of SIGTERM; killing it", peer.label, grace_s)
+            peer.process.kill()
 
 
 def _stop(child: Child, timeout_s: float) -> None:
