@@ -6,13 +6,19 @@ other user can connect. A directory that exists but is owned by another user, is
 any group/other permission is refused, because whoever controls it could interpose on our sockets.
 `tcp://host:port` is used only for the roles named in `tcp` (remote native clients, executors on
 another host). The launcher creates the Endpoints, passes it to every process, and calls `cleanup()`
-at shutdown.
+at shutdown, whatever ended the run.
+
+A run id (`new_run_id`) starts with the launcher's pid. A launcher killed with SIGKILL cleans up
+nothing (its tokenizer removes the directory on its way out; a whole process group killed at once
+leaves it), so every launcher first removes the directories of runs whose launcher is gone
+(`remove_dead_runs`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import stat
 from collections.abc import Mapping
@@ -73,7 +79,11 @@ class Endpoints:
         run_dir = root / run_id
         _make_private_dir(root)
         _make_private_dir(run_dir)
-        addresses = {role: _address(role, run_dir, tcp.get(role)) for role in roles}
+        try:
+            addresses = {role: _address(role, run_dir, tcp.get(role)) for role in roles}
+        except ValueError:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         return cls(
             run_id=run_id,
             runtime_dir=run_dir,
@@ -95,6 +105,44 @@ class Endpoints:
     def cleanup(self) -> None:
         """Remove this run's runtime directory and its socket files; safe to call twice."""
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def new_run_id() -> str:
+    """A fresh run id of this process: its pid (what `remove_dead_runs` reads) and a random suffix."""
+    return f"{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def launcher_pid(run_id: str) -> int | None:
+    """The pid a `new_run_id` starts with; None for a run id made otherwise."""
+    head, sep, _ = run_id.partition("-")
+    return int(head) if sep and head.isdigit() else None
+
+
+def run_is_dead(run_id: str) -> bool:
+    """Whether the launcher of a `new_run_id` run no longer exists (it may not have cleaned up)."""
+    pid = launcher_pid(run_id)
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process has that pid now
+        return False
+    return False
+
+
+def remove_dead_runs(runtime_root: Path | str | None = None) -> list[str]:
+    """Remove the runtime directories of runs whose launcher is gone; returns their run ids."""
+    root = Path(runtime_root) if runtime_root is not None else default_runtime_root()
+    if not root.is_dir() or root.is_symlink():
+        return []
+    removed = []
+    for run_dir in root.iterdir():
+        if _RUN_ID.fullmatch(run_dir.name) and run_dir.is_dir() and run_is_dead(run_dir.name):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            removed.append(run_dir.name)
+    return sorted(removed)
 
 
 def default_runtime_root() -> Path:

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
-import secrets
 import signal
 import socket
 import threading
@@ -36,7 +35,7 @@ from multiprocessing.connection import Connection, wait
 from core.config import EngineConfig
 from ipc.channels import PushChannel
 from ipc.codec import CodecError, decode, encode
-from ipc.endpoints import Endpoints
+from ipc.endpoints import Endpoints, new_run_id, remove_dead_runs
 from ipc.messages import ExecutorSpec, Ready, ReplicaDown, SchedulerSpec, Shutdown, TokenizerSpec
 from ipc.shm_ring import cleanup_stale, ring_name, run_prefix
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
@@ -89,7 +88,7 @@ class Launcher:
         self.config = config
         self.options = options or LaunchOptions()
         self.on_fatal = on_fatal
-        self.run_id = f"{os.getpid()}-{secrets.token_hex(3)}"
+        self.run_id = new_run_id()
         self.endpoints: Endpoints | None = None
         self.tokenizer: Child | None = None
         self.scheduler: Child | None = None
@@ -130,6 +129,9 @@ class Launcher:
         except GPUCountError as exc:
             raise LaunchError(str(exc)) from None
         cleanup_stale(run_prefix(self.run_id))
+        for run_id in remove_dead_runs(options.runtime_root):
+            cleanup_stale(run_prefix(run_id))
+            log.info("removed what run %s left behind (its launcher is gone)", run_id)
         self.endpoints = eps = Endpoints.create(self.run_id, config.parallel.dp_size,
                                                 runtime_root=options.runtime_root)
         try:
@@ -142,7 +144,7 @@ class Launcher:
                 config, options.served_model_name or config.model.name,
                 options.tokenizer_path or config.model.model_path,
                 eps.tokenizer_frontend, eps.scheduler_input, eps.tokenizer_output,
-                options.native_tcp, options.native_api_key))
+                options.native_tcp, options.native_api_key, str(eps.runtime_dir)))
             deadline = time.monotonic() + options.startup_timeout_s
             self._await_ready([*self.executors, self.tokenizer], deadline)
             num_pages = [min(c.ready.num_pages for c in r.executors) for r in self.replicas]
@@ -165,28 +167,37 @@ class Launcher:
             if self._stopping.is_set() and self.endpoints is None:
                 return
             self._stopping.set()
-            with contextlib.suppress(OSError):
-                self._wake_w.send_bytes(b"stop")
-            if self._supervisor is not None and self._supervisor is not threading.current_thread():
-                self._supervisor.join(timeout=5)
-            timeout = self.options.shutdown_timeout_s
-            if self.tokenizer is not None:
-                _stop(self.tokenizer, timeout)
-            relayed = False  # whether a live scheduler sent its executors Stop on the way out
-            if self.scheduler is not None and self.scheduler.process.is_alive() and self.endpoints:
-                with contextlib.suppress(Exception), PushChannel.connect(
-                        self.endpoints.scheduler_input, name="launcher to scheduler", send_timeout_s=1) as ch:
-                    ch.send(Shutdown("the launcher is shutting down"))
-                    self.scheduler.process.join(timeout)
-                    relayed = self.scheduler.process.exitcode == 0
-                _stop(self.scheduler, timeout)
-            for child in self.executors:  # Stop reached them (join in parallel), or SIGTERM does
-                child.process.join(timeout if relayed else 0.0)
-                _stop(child, timeout)
-            cleanup_stale(run_prefix(self.run_id))
-            if self.endpoints is not None:
-                self.endpoints.cleanup()
-                self.endpoints = None
+            try:
+                self._stop_children()
+            finally:  # whatever interrupted the stop (a second signal), the run's files go
+                for child in self.children:
+                    if child.process.pid is not None and child.process.is_alive():
+                        child.process.kill()
+                cleanup_stale(run_prefix(self.run_id))
+                if self.endpoints is not None:
+                    self.endpoints.cleanup()
+                    self.endpoints = None
+
+    def _stop_children(self) -> None:
+        """Tokenizer, then scheduler (which stops its executors), then executors, each with a deadline."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send_bytes(b"stop")
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout=5)
+        timeout = self.options.shutdown_timeout_s
+        if self.tokenizer is not None:
+            _stop(self.tokenizer, timeout)
+        relayed = False  # whether a live scheduler sent its executors Stop on the way out
+        if self.scheduler is not None and self.scheduler.process.is_alive() and self.endpoints:
+            with contextlib.suppress(Exception), PushChannel.connect(
+                    self.endpoints.scheduler_input, name="launcher to scheduler", send_timeout_s=1) as ch:
+                ch.send(Shutdown("the launcher is shutting down"))
+                self.scheduler.process.join(timeout)
+                relayed = self.scheduler.process.exitcode == 0
+            _stop(self.scheduler, timeout)
+        for child in self.executors:  # Stop reached them (join in parallel), or SIGTERM does
+            child.process.join(timeout if relayed else 0.0)
+            _stop(child, timeout)
 
     # --- startup helpers ------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -381,6 +382,10 @@ class TokenizerProcess:
         self.from_scheduler.close()
         if self.key_check is not None:
             self.key_check.stop()
+        if self.spec.run_dir and not parent_alive(self._ppid):
+            # The launcher was killed (SIGKILL: no chance to clean up) and every child is on its way
+            # out; the one process that lives from start to end removes the run's sockets.
+            shutil.rmtree(self.spec.run_dir, ignore_errors=True)
 
 
 def _internal_id(identity: bytes, request_id: str) -> str:
