@@ -134,6 +134,8 @@ class Launcher:
             log.info("removed what run %s left behind (its launcher is gone)", run_id)
         self.endpoints = eps = Endpoints.create(self.run_id, config.parallel.dp_size,
                                                 runtime_root=options.runtime_root)
+        log.info("starting %s: dp=%d tp=%d on %s; rank 0 of each replica logs its start-up phases",
+                 config.model.name, config.parallel.dp_size, config.parallel.tp_size, config.device)
         try:
             for replica in range(config.parallel.dp_size):
                 for spec in self._executor_specs(replica, devices):
