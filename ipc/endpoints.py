@@ -10,8 +10,8 @@ at shutdown, whatever ended the run.
 
 A run id (`new_run_id`) starts with the launcher's pid. A launcher killed with SIGKILL cleans up
 nothing (its tokenizer removes the directory on its way out; a whole process group killed at once
-leaves it), so every launcher first removes the directories of runs whose launcher is gone
-(`remove_dead_runs`).
+leaves it), so every launcher first removes the directories of runs whose launcher is gone and
+whose sockets no longer take connections (`remove_dead_runs`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -139,10 +140,25 @@ def remove_dead_runs(runtime_root: Path | str | None = None) -> list[str]:
         return []
     removed = []
     for run_dir in root.iterdir():
-        if _RUN_ID.fullmatch(run_dir.name) and run_dir.is_dir() and run_is_dead(run_dir.name):
+        if (_RUN_ID.fullmatch(run_dir.name) and run_dir.is_dir() and run_is_dead(run_dir.name)
+                and not _anything_listens(run_dir)):
             shutil.rmtree(run_dir, ignore_errors=True)
             removed.append(run_dir.name)
     return sorted(removed)
+
+
+def _anything_listens(run_dir: Path) -> bool:
+    """Whether a socket of the run still takes connections: a launcher in another pid namespace
+    (a container sharing this directory) looks dead by its pid but is not."""
+    for path in run_dir.glob("*.sock"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(0.1)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                continue
+            return True
+    return False
 
 
 def default_runtime_root() -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -102,3 +103,17 @@ def test_a_start_removes_what_runs_killed_whole_left_and_keeps_live_runs(root):
         dead_ring.unlink(missing_ok=True)
     assert [p.name for p in root.iterdir()] == [live_run]
     assert remove_dead_runs(root) == []  # a live launcher's run is never taken
+
+
+def test_a_run_whose_sockets_still_listen_is_kept_though_its_pid_looks_dead(root):
+    """A launcher in another pid namespace (a container sharing the directory) looks dead by its pid."""
+    listening, silent = f"{_dead_pid()}-a1b2c3", f"{_dead_pid()}-d4e5f6"
+    for run in (listening, silent):
+        (root / run).mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(root / listening / "tokenizer_frontend.sock"))
+        server.listen()
+        with socket.socket(socket.AF_UNIX) as gone:
+            gone.bind(str(root / silent / "tokenizer_frontend.sock"))
+        assert remove_dead_runs(root) == [silent]
+    assert [p.name for p in root.iterdir()] == [listening]
