@@ -6,25 +6,21 @@ other user can connect. A directory that exists but is owned by another user, is
 any group/other permission is refused, because whoever controls it could interpose on our sockets.
 `tcp://host:port` is used only for the roles named in `tcp` (remote native clients, executors on
 another host). The launcher creates the Endpoints, passes it to every process, and calls `cleanup()`
-at shutdown, whatever ended the run.
-
-A run id (`new_run_id`) starts with the launcher's pid. A launcher killed with SIGKILL cleans up
-nothing (its tokenizer removes the directory on its way out; a whole process group killed at once
-leaves it), so every launcher first removes the directories of runs whose launcher is gone and
-whose sockets no longer take connections (`remove_dead_runs`).
+at shutdown, whatever ended the run. While the Endpoints live they hold the run directory's lock
+(ipc/run_lock.py), which tells the others whether the run is still on.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
-import socket
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from ipc.run_lock import RunLock
 
 # Roles with one endpoint per run; each DP replica also has a doorbell, role "doorbell.<replica>".
 ROLES = ("tokenizer_frontend", "scheduler_input", "tokenizer_output", "results")
@@ -46,6 +42,7 @@ class Endpoints:
     tokenizer_output: str  # scheduler -> tokenizer (token ids to detokenize)
     results: str  # executors -> scheduler (step results)
     doorbells: tuple[str, ...]  # scheduler -> executors of replica i: "plan in slot k is ready"
+    lock: RunLock | None = field(default=None, compare=False, repr=False)  # held until cleanup()
 
     def __post_init__(self) -> None:
         if not _RUN_ID.fullmatch(self.run_id):
@@ -78,18 +75,19 @@ class Endpoints:
             raise ValueError(f"tcp endpoints for unknown role(s) {unknown}; roles are {roles}")
         root = Path(runtime_root) if runtime_root is not None else default_runtime_root()
         run_dir = root / run_id
+        addresses = {role: _address(role, run_dir, tcp.get(role)) for role in roles}
         _make_private_dir(root)
         _make_private_dir(run_dir)
         try:
-            addresses = {role: _address(role, run_dir, tcp.get(role)) for role in roles}
-        except ValueError:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            raise
+            lock = RunLock.hold(run_dir)
+        except BlockingIOError:
+            raise RuntimeError(f"runtime dir {run_dir} belongs to a run that is still on") from None
         return cls(
             run_id=run_id,
             runtime_dir=run_dir,
             **{role: addresses[role] for role in ROLES},
             doorbells=tuple(addresses[f"doorbell.{i}"] for i in range(num_replicas)),
+            lock=lock,
         )
 
     @property
@@ -104,61 +102,11 @@ class Endpoints:
         return self.doorbells[replica]
 
     def cleanup(self) -> None:
-        """Remove this run's runtime directory and its socket files; safe to call twice."""
+        """Remove this run's runtime directory and its socket files, then let go of its lock; safe
+        to call twice."""
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
-
-
-def new_run_id() -> str:
-    """A fresh run id of this process: its pid (what `remove_dead_runs` reads) and a random suffix."""
-    return f"{os.getpid()}-{secrets.token_hex(3)}"
-
-
-def launcher_pid(run_id: str) -> int | None:
-    """The pid a `new_run_id` starts with; None for a run id made otherwise."""
-    head, sep, _ = run_id.partition("-")
-    return int(head) if sep and head.isdigit() else None
-
-
-def run_is_dead(run_id: str) -> bool:
-    """Whether the launcher of a `new_run_id` run no longer exists (it may not have cleaned up)."""
-    pid = launcher_pid(run_id)
-    if pid is None or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process has that pid now
-        return False
-    return False
-
-
-def remove_dead_runs(runtime_root: Path | str | None = None) -> list[str]:
-    """Remove the runtime directories of runs whose launcher is gone; returns their run ids."""
-    root = Path(runtime_root) if runtime_root is not None else default_runtime_root()
-    if not root.is_dir() or root.is_symlink():
-        return []
-    removed = []
-    for run_dir in root.iterdir():
-        if (_RUN_ID.fullmatch(run_dir.name) and run_dir.is_dir() and run_is_dead(run_dir.name)
-                and not _anything_listens(run_dir)):
-            shutil.rmtree(run_dir, ignore_errors=True)
-            removed.append(run_dir.name)
-    return sorted(removed)
-
-
-def _anything_listens(run_dir: Path) -> bool:
-    """Whether a socket of the run still takes connections: a launcher in another pid namespace
-    (a container sharing this directory) looks dead by its pid but is not."""
-    for path in run_dir.glob("*.sock"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(0.1)
-            try:
-                probe.connect(str(path))
-            except OSError:
-                continue
-            return True
-    return False
+        if self.lock is not None:
+            self.lock.release()
 
 
 def default_runtime_root() -> Path:

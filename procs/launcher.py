@@ -24,6 +24,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -31,12 +32,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 
 from core.config import EngineConfig
 from ipc.channels import PushChannel
 from ipc.codec import CodecError, decode, encode
-from ipc.endpoints import Endpoints, new_run_id, remove_dead_runs
+from ipc.endpoints import Endpoints, default_runtime_root
 from ipc.messages import ExecutorSpec, Ready, ReplicaDown, SchedulerSpec, Shutdown, TokenizerSpec
+from ipc.run_lock import remove_ended_runs
 from ipc.shm_ring import cleanup_stale, ring_name, run_prefix
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
 from procs.devices import GPUCountError, assign_devices
@@ -88,7 +91,7 @@ class Launcher:
         self.config = config
         self.options = options or LaunchOptions()
         self.on_fatal = on_fatal
-        self.run_id = new_run_id()
+        self.run_id = f"{os.getpid()}-{secrets.token_hex(3)}"
         self.endpoints: Endpoints | None = None
         self.tokenizer: Child | None = None
         self.scheduler: Child | None = None
@@ -129,7 +132,8 @@ class Launcher:
         except GPUCountError as exc:
             raise LaunchError(str(exc)) from None
         cleanup_stale(run_prefix(self.run_id))
-        for run_id in remove_dead_runs(options.runtime_root):
+        root = Path(options.runtime_root) if options.runtime_root else default_runtime_root()
+        for run_id in remove_ended_runs(root):  # runs killed whole: nobody else will
             cleanup_stale(run_prefix(run_id))
             log.info("removed what run %s left behind (its launcher is gone)", run_id)
         self.endpoints = eps = Endpoints.create(self.run_id, config.parallel.dp_size,

@@ -1,13 +1,13 @@
 """Nothing of a run is left once it ends, however it ends: its socket directory (ipc/endpoints.py) and
 its /dev/shm segments are gone after a stop with a SIGKILLed executor, after a failed start, and
 after its launcher is killed with SIGKILL (its tokenizer removes them on the way out); what a run
-killed whole left behind is removed by the next launcher's start, and a live run's is not."""
+killed whole left behind is removed by the next launcher's start, and a run whose launcher still
+holds its lock (ipc/run_lock.py) is not."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +18,8 @@ import pytest
 from system_client import tiny_config
 
 from benchmarks.lib.processes import remember, survivors
-from ipc.endpoints import remove_dead_runs
+from ipc.endpoints import Endpoints
+from ipc.run_lock import RunLock, remove_ended_runs
 from ipc.shm_ring import SHM_DIR, ring_name
 from procs.fault_injection import ENV
 from procs.launcher import Launcher, LaunchError, LaunchOptions
@@ -34,12 +35,6 @@ def root():
 
 def _segments(run_id: str) -> list[str]:
     return [n for n in os.listdir(SHM_DIR) if n.startswith(f"cadence-{run_id}-")]
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen(["true"])
-    child.wait()
-    return child.pid
 
 
 def _wait_until(condition, timeout_s: float, what: str) -> None:
@@ -89,31 +84,31 @@ def test_a_launcher_killed_with_sigkill_leaves_nothing(root):
 
 
 def test_a_start_removes_what_runs_killed_whole_left_and_keeps_live_runs(root):
-    dead_run, live_run = f"{_dead_pid()}-a1b2c3", f"{os.getpid()}-d4e5f6"
-    for run in (dead_run, live_run):
+    ended, live, unlocked = "4242-a1b2c3", "4243-d4e5f6", "4244-0a0b0c"
+    for run in (ended, live, unlocked):
         (root / run).mkdir(mode=0o700)
         (root / run / "results.sock").touch()
-    dead_ring = Path(SHM_DIR) / ring_name(dead_run, 0)
-    dead_ring.touch()
+    RunLock.hold(root / ended).release()  # its launcher died: the kernel let go of the lock
+    holder = RunLock.hold(root / live)  # a launcher, perhaps in a pid namespace of its own, still runs
+    ended_ring = Path(SHM_DIR) / ring_name(ended, 0)
+    ended_ring.touch()
     try:
         with Launcher(tiny_config(), LaunchOptions(startup_timeout_s=180, runtime_root=str(root))):
-            assert not (root / dead_run).exists() and not dead_ring.exists()
-            assert (root / live_run / "results.sock").exists()
+            assert not (root / ended).exists() and not ended_ring.exists()
+            assert (root / live / "results.sock").exists()
+            assert (root / unlocked).exists()  # no lock: a directory being made, or not a run
+        assert remove_ended_runs(root) == []  # a live run is never taken
     finally:
-        dead_ring.unlink(missing_ok=True)
-    assert [p.name for p in root.iterdir()] == [live_run]
-    assert remove_dead_runs(root) == []  # a live launcher's run is never taken
+        holder.release()
+        ended_ring.unlink(missing_ok=True)
+    assert sorted(p.name for p in root.iterdir()) == [live, unlocked]
+    assert remove_ended_runs(root) == [live]
 
 
-def test_a_run_whose_sockets_still_listen_is_kept_though_its_pid_looks_dead(root):
-    """A launcher in another pid namespace (a container sharing the directory) looks dead by its pid."""
-    listening, silent = f"{_dead_pid()}-a1b2c3", f"{_dead_pid()}-d4e5f6"
-    for run in (listening, silent):
-        (root / run).mkdir(mode=0o700)
-    with socket.socket(socket.AF_UNIX) as server:
-        server.bind(str(root / listening / "tokenizer_frontend.sock"))
-        server.listen()
-        with socket.socket(socket.AF_UNIX) as gone:
-            gone.bind(str(root / silent / "tokenizer_frontend.sock"))
-        assert remove_dead_runs(root) == [silent]
-    assert [p.name for p in root.iterdir()] == [listening]
+def test_a_run_directory_in_use_is_not_taken_twice(root):
+    first = Endpoints.create("4245-aaaaaa", runtime_root=root)
+    with pytest.raises(RuntimeError, match="belongs to a run that is still on"):
+        Endpoints.create("4245-aaaaaa", runtime_root=root)
+    first.cleanup()
+    assert list(root.iterdir()) == []
+    Endpoints.create("4245-aaaaaa", runtime_root=root).cleanup()  # over: the name is free again
