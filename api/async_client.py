@@ -20,6 +20,7 @@ from dataclasses import replace
 import zmq
 import zmq.asyncio
 
+from api.address_check import check_answers
 from api.client_errors import (
     DEFAULT_TIMEOUT_S,
     HANDSHAKE_CHECK_S,
@@ -150,6 +151,8 @@ class AsyncClient:
     async def start(self) -> None:
         if self._socket is not None:
             raise ClientError(f"{self.name} of {self.address} is already started")
+        # A wrong address fails now, not after the whole timeout (a tcp one may take seconds to tell).
+        await asyncio.to_thread(check_answers, self.address)
         # A shadow of the process-wide context: no context (and no I/O thread) per client.
         context = zmq.asyncio.Context.shadow(zmq.Context.instance().underlying)
         socket = context.socket(zmq.DEALER)

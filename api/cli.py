@@ -6,6 +6,15 @@ the API's own: --host (default 127.0.0.1: not reachable from other machines unle
 name clients send as `model`; default the model's name), --strict-request-fields, and a few
 limits. `_start_engine` is where the server starts the launcher (api/offline.py starts it for
 offline batches). The console script entry point is `api.cli:main`.
+
+The HTTP address is bound before anything loads (api/listen_address.py): a port out of range or in
+use, or a host this machine does not have, ends the command at once with one line naming the address
+and the cause. Once the engine is ready the log names the native clients' address (an ipc socket in
+the run's private directory, ipc/endpoints.py) as a `Client("...")` call to copy.
+
+Exit codes: 0 stopped by SIGTERM, the engine shut down in order; 1 the engine failed to start or
+stopped serving (its scheduler or tokenizer died); 2 a flag is wrong (argparse); 3 the HTTP address
+cannot be listened on (`EXIT_ADDRESS_UNAVAILABLE`), found before the engine starts; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -15,16 +24,19 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from api.listen_address import AddressUnavailable, bind_http_socket, display_address
 from api.protocol import ServedModel
 from api.server import DEFAULT_MAX_BODY_BYTES, ApiConfig, build_app
 
 API_KEY_ENV = "CADENCE_API_KEY"
+EXIT_ADDRESS_UNAVAILABLE = 3  # the HTTP address cannot be listened on; nothing was started
 _EXIT_AFTER_ENGINE_STOPPED_S = 3.0
 log = logging.getLogger("cadence.api")
 
@@ -33,7 +45,8 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("API server")
     group.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1; 0.0.0.0 for every interface)")
-    group.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    group.add_argument("--port", type=int, default=8000,
+                       help="port to listen on (default: 8000; 0: any free port, logged at start)")
     group.add_argument("--api-key", default=None,
                        help=f"require 'Authorization: Bearer <key>' on /v1/ routes (default: ${API_KEY_ENV}, "
                             "else no key)")
@@ -132,7 +145,8 @@ def _start_engine(args: argparse.Namespace, watch: EngineWatch) -> Iterator[tupl
         yield model, launcher.endpoints.tokenizer_frontend
 
 
-def _run_http(app: Any, args: argparse.Namespace, watch: EngineWatch) -> None:
+def _run_http(app: Any, args: argparse.Namespace, watch: EngineWatch, http_socket: socket.socket) -> None:
+    """Serve `app` on the socket bound before the engine started, until stopped."""
     import uvicorn
 
     # Open streams get their error event at once when the engine stops; the grace period bounds
@@ -141,7 +155,7 @@ def _run_http(app: Any, args: argparse.Namespace, watch: EngineWatch) -> None:
                                            access_log=args.access_log, timeout_graceful_shutdown=5))
     watch.http = server
     if watch.reason is None:  # the engine may have died while the app was being built
-        server.run()
+        server.run(sockets=[http_socket])
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -149,6 +163,12 @@ def serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s [cadence] %(message)s")
     # The engine's processes read their level from the environment they inherit (debug: a step trace).
     os.environ.setdefault("CADENCE_LOG_LEVEL", args.log_level.upper())
+    try:  # before anything loads: a port in use must not cost minutes of loading first
+        http_socket = bind_http_socket(args.host, args.port)
+    except AddressUnavailable as exc:
+        print(f"cadence {args.command}: {exc}", file=sys.stderr)
+        return EXIT_ADDRESS_UNAVAILABLE
+    address = display_address(args.host, http_socket.getsockname()[1])
     watch = EngineWatch()
     # uvicorn stops gracefully on SIGTERM, then raises it again once it has restored this handler:
     # this turns it into an exception, so the engine is shut down in order and its files removed.
@@ -156,15 +176,17 @@ def serve(args: argparse.Namespace) -> int:
     try:
         with _start_engine(args, watch) as (model, tokenizer_address):
             config = api_config(args, model, tokenizer_address)
-            log.info("serving %s on http://%s:%d (tokenizer at %s)%s", model.name, args.host, args.port,
-                     tokenizer_address, ", API key required" if config.api_key else "")
+            log.info("serving %s on http://%s (tokenizer at %s)%s", model.name, address, tokenizer_address,
+                     ", API key required" if config.api_key else "")
+            log.info('native clients (api.client) connect with Client("%s")', tokenizer_address)
             if args.native_tcp:
                 access = " with the API key" if config.api_key else " (no API key: open to all who reach it)"
                 log.info("native clients on other machines connect to %s%s", args.native_tcp, access)
             watch.app = build_app(config)
-            _run_http(watch.app, args, watch)
+            _run_http(watch.app, args, watch, http_socket)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        http_socket.close()
     if watch.reason is not None:
         print(f"cadence {args.command}: stopped because {watch.reason}", file=sys.stderr)
         return 1

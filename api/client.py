@@ -15,7 +15,9 @@ in max_model_len minus the prompt's tokens.
 Over tcp (`cadence serve --native-tcp HOST:PORT`) to a server with an API key, give the same key:
 `Client("tcp://host:5557", api_key=...)`. A refused key raises ClientError at once.
 
-Every wait has a timeout: the longest silence a caller accepts (`timeout_s`, per call or the
+A client checks at once that something answers at its address (api/address_check.py): a wrong
+address is a ClientError within seconds ("nothing answers at ipc://..."). Every wait has a timeout:
+the longest silence a caller accepts (`timeout_s`, per call or the
 client's default). When it passes, `ClientTimeout` names the tokenizer's address and the requests
 that got nothing. A request the tokenizer refuses comes back as a Generation with `refused` set
 (batch calls) or raises `RequestRefused` (single-request calls).
@@ -29,6 +31,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
+from api.address_check import check_answers
 from api.async_client import AsyncClient, RequestGroup
 from api.client_errors import (
     DEFAULT_TIMEOUT_S,
@@ -67,6 +70,7 @@ class Client:
     def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "client",
                  identity: bytes | None = None, api_key: str | None = None) -> None:
         self.address = address
+        check_answers(address)  # a wrong address fails now, not after the whole timeout
         self._problems = ProblemLog(log)
         self.timeout_s = timeout_s
         # Over tcp or with a key a refusal may come: sends wait in short turns that look for it.

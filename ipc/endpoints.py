@@ -6,7 +6,8 @@ other user can connect. A directory that exists but is owned by another user, is
 any group/other permission is refused, because whoever controls it could interpose on our sockets.
 `tcp://host:port` is used only for the roles named in `tcp` (remote native clients, executors on
 another host). The launcher creates the Endpoints, passes it to every process, and calls `cleanup()`
-at shutdown.
+at shutdown, whatever ended the run. While the Endpoints live they hold the run directory's lock
+(ipc/run_lock.py), which tells the others whether the run is still on.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import re
 import shutil
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from ipc.run_lock import RunLock
 
 # Roles with one endpoint per run; each DP replica also has a doorbell, role "doorbell.<replica>".
 ROLES = ("tokenizer_frontend", "scheduler_input", "tokenizer_output", "results")
@@ -39,6 +42,7 @@ class Endpoints:
     tokenizer_output: str  # scheduler -> tokenizer (token ids to detokenize)
     results: str  # executors -> scheduler (step results)
     doorbells: tuple[str, ...]  # scheduler -> executors of replica i: "plan in slot k is ready"
+    lock: RunLock | None = field(default=None, compare=False, repr=False)  # held until cleanup()
 
     def __post_init__(self) -> None:
         if not _RUN_ID.fullmatch(self.run_id):
@@ -71,14 +75,19 @@ class Endpoints:
             raise ValueError(f"tcp endpoints for unknown role(s) {unknown}; roles are {roles}")
         root = Path(runtime_root) if runtime_root is not None else default_runtime_root()
         run_dir = root / run_id
+        addresses = {role: _address(role, run_dir, tcp.get(role)) for role in roles}
         _make_private_dir(root)
         _make_private_dir(run_dir)
-        addresses = {role: _address(role, run_dir, tcp.get(role)) for role in roles}
+        try:
+            lock = RunLock.hold(run_dir)
+        except BlockingIOError:
+            raise RuntimeError(f"runtime dir {run_dir} belongs to a run that is still on") from None
         return cls(
             run_id=run_id,
             runtime_dir=run_dir,
             **{role: addresses[role] for role in ROLES},
             doorbells=tuple(addresses[f"doorbell.{i}"] for i in range(num_replicas)),
+            lock=lock,
         )
 
     @property
@@ -93,8 +102,11 @@ class Endpoints:
         return self.doorbells[replica]
 
     def cleanup(self) -> None:
-        """Remove this run's runtime directory and its socket files; safe to call twice."""
+        """Remove this run's runtime directory and its socket files, then let go of its lock; safe
+        to call twice."""
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self.lock is not None:
+            self.lock.release()
 
 
 def default_runtime_root() -> Path:

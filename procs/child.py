@@ -5,7 +5,9 @@ alone decides the shutdown order) and turn SIGTERM into `Stopping`, which their 
 through their cleanup. It is raised once: a SIGTERM that lands inside a finalizer (a `__del__`,
 where Python would print the exception and drop it, so the stop would be lost) is raised 10 ms
 later from a SIGALRM instead, and a repeated SIGTERM does not interrupt the cleanup. Children
-also ask the kernel for SIGTERM when the launcher dies, so no child outlives a crashed launcher.
+also ask the kernel for a signal when the launcher dies, so no child outlives a crashed launcher:
+PARENT_DIED_SIGNAL, which stops them as SIGTERM does and lets `launcher_died` tell that nobody is
+left to clean the run up (SIGTERM itself comes from the launcher's shutdown, or from an operator).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ipc.messages import Ready
 
 _PR_SET_PDEATHSIG = 1
 _FINALIZER_RETRY_S = 0.01
+PARENT_DIED_SIGNAL = signal.SIGUSR2  # what the kernel sends a child when its launcher dies
 
 
 class Stopping(Exception):  # noqa: N818 - a signal, not an error
@@ -49,6 +52,7 @@ def become(title: str) -> logging.Logger:
         setproctitle.setproctitle(title)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_stopping)
+    signal.signal(PARENT_DIED_SIGNAL, _parent_died)
     signal.signal(signal.SIGALRM, _raise_stopping)  # the retry of a SIGTERM that hit a finalizer
     _die_with_parent()
     return logging.getLogger(title)
@@ -93,6 +97,18 @@ def report_ready(conn: Connection, ready: Ready) -> None:
 
 class _StopSignal:
     raised = False  # Stopping went up once: later signals leave the cleanup alone
+    parent_died = False  # the kernel said the launcher is gone
+
+
+def launcher_died() -> bool:
+    """Whether this child stops because its launcher died (PARENT_DIED_SIGNAL), not because it was
+    asked to: then the launcher will not clean the run up."""
+    return _StopSignal.parent_died
+
+
+def _parent_died(signum: int, frame: FrameType | None) -> None:
+    _StopSignal.parent_died = True
+    _raise_stopping(signum, frame)
 
 
 def _raise_stopping(signum: int, frame: FrameType | None) -> None:
@@ -118,10 +134,11 @@ def _die_with_parent() -> None:
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(_PR_SET_PDEATHSIG, PARENT_DIED_SIGNAL)
     except (OSError, AttributeError):
         pass  # the loops also notice a changed parent pid
     if os.getppid() == 1:  # the launcher died before prctl took effect
+        _StopSignal.parent_died = True
         raise Stopping("the launcher is gone")
 
 

@@ -1,7 +1,9 @@
 """The executor process: one GPU rank (or one CPU worker) of one replica.
 
-It loads its shard, joins its replica's TP group (NCCL across cards, gloo on the CPU or when ranks
-share a card), profiles memory, reports its KV pages in the READY handshake, then loops:
+It joins its replica's TP group (NCCL across cards, gloo on the CPU or when ranks share a card),
+loads its shard, profiles memory, compiles the kernels and captures the decode graphs (rank 0 logs
+each phase with its time, core/execution/startup_phases.py), reports its KV pages in the READY
+handshake, then loops:
 
     wait for a doorbell -> read the plan from the ring -> launch it on the device -> reply (TP rank 0)
 
@@ -61,6 +63,7 @@ def _build_runner(spec: ExecutorSpec):
     from core.execution.custom_all_reduce import DEFAULT_MAX_BYTES
     from core.execution.distributed import TPGroup, init_tp_group
     from core.execution.runner import ModelRunner
+    from core.execution.startup_phases import StartupPhases
 
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
@@ -73,9 +76,11 @@ def _build_runner(spec: ExecutorSpec):
         logging.getLogger(__name__).warning("fault drill: %s before joining the TP group", fault.action)
         strike(fault)
     custom_all_reduce_bytes = 0 if spec.config.parallel.disable_custom_all_reduce else DEFAULT_MAX_BYTES
-    tp = TPGroup() if tp_size == 1 else init_tp_group(
-        spec.rank, tp_size, spec.dist_init_method, spec.dist_backend, spec.device,
-        timeout_s=spec.dist_timeout_s, custom_all_reduce_bytes=custom_all_reduce_bytes)
+    tp = TPGroup()
+    if tp_size > 1:
+        with StartupPhases(spec.rank == 0).phase(f"joining the TP group of {tp_size} ranks"):
+            tp = init_tp_group(spec.rank, tp_size, spec.dist_init_method, spec.dist_backend, spec.device,
+                               timeout_s=spec.dist_timeout_s, custom_all_reduce_bytes=custom_all_reduce_bytes)
     config = dataclasses.replace(spec.config, device=spec.device)
     return ModelRunner(config, tp=tp, show_progress=spec.rank == 0, memory_share=spec.kv_memory_share)
 

@@ -10,8 +10,9 @@ visible. A TP rank that cannot reach its peers gives up after --dist-timeout
 (core/execution/distributed.py), so a broken multi-card start-up ends with a name, not in a hang.
 
 Supervision waits on the children's sentinels, so a death is noticed at once. A dead executor
-takes its replica down (the scheduler moves the replica's requests to live ones); a dead scheduler
-or tokenizer ends serving. Shutdown goes tokenizer -> scheduler (which stops its executors) ->
+takes its replica down (the scheduler moves the replica's requests to live ones) and its TP peers
+are ended (SIGTERM, SIGKILL 3 s later) so that their memory comes back; a dead scheduler or
+tokenizer ends serving. Shutdown goes tokenizer -> scheduler (which stops its executors) ->
 executors, each with a deadline and SIGKILL after it; the run's sockets and /dev/shm segments are
 removed whatever happened.
 """
@@ -31,12 +32,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 
 from core.config import EngineConfig
 from ipc.channels import PushChannel
 from ipc.codec import CodecError, decode, encode
-from ipc.endpoints import Endpoints
+from ipc.endpoints import Endpoints, default_runtime_root
 from ipc.messages import ExecutorSpec, Ready, ReplicaDown, SchedulerSpec, Shutdown, TokenizerSpec
+from ipc.run_lock import remove_ended_runs
 from ipc.shm_ring import cleanup_stale, ring_name, run_prefix
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
 from procs.devices import GPUCountError, assign_devices
@@ -49,6 +52,8 @@ log = logging.getLogger("cadence.launcher")
 
 # Between two decode steps the scheduler takes well under a millisecond to plan the next one.
 SPIN_S = 1e-3
+# How long the surviving ranks of a dead TP replica get to exit on SIGTERM before SIGKILL.
+_PEER_GRACE_S = 3.0
 
 
 class LaunchError(RuntimeError):
@@ -127,8 +132,14 @@ class Launcher:
         except GPUCountError as exc:
             raise LaunchError(str(exc)) from None
         cleanup_stale(run_prefix(self.run_id))
+        root = Path(options.runtime_root) if options.runtime_root else default_runtime_root()
+        for run_id in remove_ended_runs(root):  # runs killed whole: nobody else will
+            cleanup_stale(run_prefix(run_id))
+            log.info("removed what run %s left behind (its launcher is gone)", run_id)
         self.endpoints = eps = Endpoints.create(self.run_id, config.parallel.dp_size,
                                                 runtime_root=options.runtime_root)
+        log.info("starting %s: dp=%d tp=%d on %s; rank 0 of each replica logs its start-up phases",
+                 config.model.name, config.parallel.dp_size, config.parallel.tp_size, config.device)
         try:
             for replica in range(config.parallel.dp_size):
                 for spec in self._executor_specs(replica, devices):
@@ -139,7 +150,7 @@ class Launcher:
                 config, options.served_model_name or config.model.name,
                 options.tokenizer_path or config.model.model_path,
                 eps.tokenizer_frontend, eps.scheduler_input, eps.tokenizer_output,
-                options.native_tcp, options.native_api_key))
+                options.native_tcp, options.native_api_key, str(eps.runtime_dir)))
             deadline = time.monotonic() + options.startup_timeout_s
             self._await_ready([*self.executors, self.tokenizer], deadline)
             num_pages = [min(c.ready.num_pages for c in r.executors) for r in self.replicas]
@@ -162,28 +173,37 @@ class Launcher:
             if self._stopping.is_set() and self.endpoints is None:
                 return
             self._stopping.set()
-            with contextlib.suppress(OSError):
-                self._wake_w.send_bytes(b"stop")
-            if self._supervisor is not None and self._supervisor is not threading.current_thread():
-                self._supervisor.join(timeout=5)
-            timeout = self.options.shutdown_timeout_s
-            if self.tokenizer is not None:
-                _stop(self.tokenizer, timeout)
-            relayed = False  # whether a live scheduler sent its executors Stop on the way out
-            if self.scheduler is not None and self.scheduler.process.is_alive() and self.endpoints:
-                with contextlib.suppress(Exception), PushChannel.connect(
-                        self.endpoints.scheduler_input, name="launcher to scheduler", send_timeout_s=1) as ch:
-                    ch.send(Shutdown("the launcher is shutting down"))
-                    self.scheduler.process.join(timeout)
-                    relayed = self.scheduler.process.exitcode == 0
-                _stop(self.scheduler, timeout)
-            for child in self.executors:  # Stop reached them (join in parallel), or SIGTERM does
-                child.process.join(timeout if relayed else 0.0)
-                _stop(child, timeout)
-            cleanup_stale(run_prefix(self.run_id))
-            if self.endpoints is not None:
-                self.endpoints.cleanup()
-                self.endpoints = None
+            try:
+                self._stop_children()
+            finally:  # whatever interrupted the stop (a second signal), the run's files go
+                for child in self.children:
+                    if child.process.pid is not None and child.process.is_alive():
+                        child.process.kill()
+                cleanup_stale(run_prefix(self.run_id))
+                if self.endpoints is not None:
+                    self.endpoints.cleanup()
+                    self.endpoints = None
+
+    def _stop_children(self) -> None:
+        """Tokenizer, then scheduler (which stops its executors), then executors, each with a deadline."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send_bytes(b"stop")
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout=5)
+        timeout = self.options.shutdown_timeout_s
+        if self.tokenizer is not None:
+            _stop(self.tokenizer, timeout)
+        relayed = False  # whether a live scheduler sent its executors Stop on the way out
+        if self.scheduler is not None and self.scheduler.process.is_alive() and self.endpoints:
+            with contextlib.suppress(Exception), PushChannel.connect(
+                    self.endpoints.scheduler_input, name="launcher to scheduler", send_timeout_s=1) as ch:
+                ch.send(Shutdown("the launcher is shutting down"))
+                self.scheduler.process.join(timeout)
+                relayed = self.scheduler.process.exitcode == 0
+            _stop(self.scheduler, timeout)
+        for child in self.executors:  # Stop reached them (join in parallel), or SIGTERM does
+            child.process.join(timeout if relayed else 0.0)
+            _stop(child, timeout)
 
     # --- startup helpers ------------------------------------------------------------------------
 
@@ -264,14 +284,29 @@ class Launcher:
             state.alive, state.reason = False, reason
             with contextlib.suppress(Exception):
                 to_scheduler.send(ReplicaDown(child.replica, reason))
-            for peer in state.executors:  # its TP peers cannot step alone
-                if peer is not child and peer.process.is_alive():
-                    peer.process.terminate()
+            peers = [p for p in state.executors if p is not child and p.process.is_alive()]
+            if peers:  # its TP peers cannot step alone; ended, so that their cards' memory comes back
+                threading.Thread(target=_end_peers, args=(peers, _PEER_GRACE_S), daemon=True,
+                                 name=f"cadence-end-replica-{child.replica}").start()
 
     # --- for tests and operators ----------------------------------------------------------------
 
     def kill_executor(self, replica: int, rank: int, sig: int = signal.SIGKILL) -> None:
         os.kill(self.replicas[replica].executors[rank].process.pid, sig)
+
+
+def _end_peers(peers: list[Child], grace_s: float) -> None:
+    """SIGTERM the surviving ranks of a dead TP replica, SIGKILL those alive `grace_s` later: a rank
+    blocked in a collective with the dead one (NCCL waits inside CUDA, where no Python signal handler
+    runs) would otherwise hold its card's memory until the server stops."""
+    for peer in peers:
+        peer.process.terminate()
+    deadline = time.monotonic() + grace_s
+    for peer in peers:
+        peer.process.join(max(0.0, deadline - time.monotonic()))
+        if peer.process.is_alive():
+            log.warning("%s did not exit within %g s of SIGTERM; killing it", peer.label, grace_s)
+            peer.process.kill()
 
 
 def _stop(child: Child, timeout_s: float) -> None:

@@ -231,14 +231,18 @@ class SchedulerProcess:
                 self.log.error("replica %d: killed its executors (pids %s) so their memory comes back",
                                replica.index, killed)
         if now - self._last_status_s >= _STATUS_EVERY_S:
-            self._last_status_s = now
             self.problems.flush()
-            serving = any(r.alive for r in self.replicas)
-            self.outputs.send(SchedulerStatus(serving, [r.info(self.router.load_tokens[r.index])
-                                                        for r in self.replicas]))
+            self.send_status()
             if not parent_alive(self._ppid):
                 self.log.warning("the launcher is gone; exiting")
                 self._stopping = True
+
+    def send_status(self) -> None:
+        """Tell the tokenizer which replicas serve (what /health and /metrics answer from)."""
+        self._last_status_s = time.monotonic()
+        serving = any(r.alive for r in self.replicas)
+        self.outputs.send(SchedulerStatus(serving, [r.info(self.router.load_tokens[r.index])
+                                                    for r in self.replicas]))
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -327,6 +331,9 @@ class SchedulerProcess:
         live = sum(r.alive for r in self.replicas)
         self.log.info("%d request(s) of replica %d %s", len(orphans), index,
                       "moved to the live replicas" if live else "failed: no replica left")
+        # Now, ahead of the failed requests' errors (emit), so that /health says 503 by the time a
+        # client learns its request failed.
+        self.send_status()
 
     def _no_replica_message(self) -> str:
         reasons = "; ".join(f"replica {r.index}: {r.down_reason}" for r in self.replicas)

@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from core.scheduling.request import TokenDelta
 from core.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer, load_tokenizer
@@ -54,7 +55,8 @@ from ipc.messages import (
     TopLogprob,
 )
 from ipc.native_auth import start_key_check
-from procs.child import become, parent_alive, run_actor
+from ipc.run_lock import remove_once_ended
+from procs.child import become, launcher_died, parent_alive, run_actor
 from procs.problem_log import ProblemLog
 from procs.prompt_checks import PromptError, fit_to_context, template_message
 
@@ -65,6 +67,8 @@ _MAX_BATCH = 64  # new requests tokenized in one loop turn
 _ENCODER_THREADS = max(1, min(8, os.cpu_count() or 1))
 # The scheduler reports every 0.2 s; this much silence means its loop is not turning.
 STATUS_STALE_S = 5.0
+# How long a tokenizer whose launcher died waits for the kernel to release the launcher's run lock.
+_RUN_END_WAIT_S = 5.0
 
 
 def run_tokenizer(spec_bytes: bytes, ready_conn: Connection) -> None:
@@ -381,6 +385,10 @@ class TokenizerProcess:
         self.from_scheduler.close()
         if self.key_check is not None:
             self.key_check.stop()
+        if self.spec.run_dir and (launcher_died() or not parent_alive(self._ppid)):
+            # The launcher was SIGKILLed (no chance to clean up) and every child is on its way out:
+            # the one child that lives from start to end removes the run's sockets.
+            remove_once_ended(Path(self.spec.run_dir), _RUN_END_WAIT_S)
 
 
 def _internal_id(identity: bytes, request_id: str) -> str:

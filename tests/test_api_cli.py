@@ -8,6 +8,7 @@ own work: flags parsed, the engine config built by procs.args, the served model 
 from __future__ import annotations
 
 import contextlib
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,8 @@ from api_fake_tokenizer import FakeTokenizer
 from api_http import UvicornThread, get, post
 
 from api import cli
-from core.config import EngineConfig
+from api.protocol import ServedModel
+from core.config import EngineConfig, GenerationDefaults
 
 
 def test_serve_flags_and_their_defaults():
@@ -57,7 +59,7 @@ def served(monkeypatch):
     """Runs `cadence serve` with the fake launcher; yields what the HTTP checks saw."""
     seen = {}
 
-    def run_http(app, args, watch):
+    def run_http(app, args, watch, http_socket):
         with UvicornThread(app) as server:
             seen["args"] = args
             seen["models_open"] = get(server.port, "/v1/models")
@@ -90,7 +92,7 @@ def test_serve_starts_the_engine_and_serves_its_model(served, monkeypatch):
 
 def test_the_flag_key_wins_and_the_model_name_defaults_to_the_model(served, monkeypatch):
     monkeypatch.setenv(cli.API_KEY_ENV, "other")
-    assert cli.main(["serve", "--device", "cpu", "--api-key", "k1"]) == 0
+    assert cli.main(["serve", "--device", "cpu", "--api-key", "k1", "--port", "0"]) == 0
     assert served["models_keyed"].json()["data"][0]["id"] == "qwen3-tiny"
     assert served["completion"].status == 200
 
@@ -102,9 +104,67 @@ def test_a_startup_failure_is_one_line_and_exit_code_1(monkeypatch, capsys):
         yield
 
     monkeypatch.setattr(cli, "_start_engine", failing)
-    assert cli.main(["serve", "--device", "cpu"]) == 1
+    assert cli.main(["serve", "--device", "cpu", "--port", "0"]) == 1
     assert capsys.readouterr().err.strip() == (
         "cadence serve: RuntimeError: executor dp=0 tp=0 did not start: CUDA out of memory")
+
+
+@contextlib.contextmanager
+def _never_started(args, watch):
+    raise AssertionError("the engine was started although the HTTP address is unusable")
+    yield
+
+
+@pytest.fixture
+def listening_port():
+    """A port another server listens on."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        yield other.getsockname()[1]
+
+
+@pytest.mark.parametrize(("flags", "cause"), [
+    (["--port", "80000"], "port 80000 is outside 0-65535"),
+    (["--port", "-1"], "port -1 is outside 0-65535"),
+    (["--host", "192.0.2.7", "--port", "0"], "no interface of this machine has that address"),
+    (["--host", "no-such-host.invalid", "--port", "0"], "'no-such-host.invalid' is not a known address"),
+])
+def test_an_unusable_http_address_ends_serve_before_the_engine_starts(flags, cause, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_start_engine", _never_started)
+    assert cli.main(["serve", "--device", "cpu", *flags]) == cli.EXIT_ADDRESS_UNAVAILABLE
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("cadence serve: cannot listen on ") and cause in line, line
+
+
+def test_a_port_in_use_ends_serve_naming_it_before_the_engine_starts(listening_port, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_start_engine", _never_started)
+    assert cli.main(["serve", "--device", "cpu", "--port", str(listening_port)]) == 3
+    assert capsys.readouterr().err.strip() == (
+        f"cadence serve: cannot listen on 127.0.0.1:{listening_port}: the port is already in use "
+        "(another server listens there; choose another --port)")
+
+
+def test_the_port_is_held_while_the_engine_loads_and_served_on(monkeypatch):
+    """The socket bound before the engine started is the one uvicorn gets, so no one takes it meanwhile."""
+    held = {}
+
+    @contextlib.contextmanager
+    def loading(args, watch):
+        with socket.socket() as probe, pytest.raises(OSError):
+            probe.bind(("127.0.0.1", args.port))
+        held["checked"] = True
+        yield ServedModel("m", 512, GenerationDefaults()), "ipc:///nowhere"
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    served_on = {}
+    monkeypatch.setattr(cli, "_run_http", lambda app, args, watch, http_socket: served_on.update(
+        port=http_socket.getsockname()[1]))
+    monkeypatch.setattr(cli, "_start_engine", loading)
+    assert cli.main(["serve", "--device", "cpu", "--port", str(port)]) == 0
+    assert held == {"checked": True} and served_on == {"port": port}
 
 
 @pytest.mark.parametrize(("given", "address"), [("5557", "tcp://127.0.0.1:5557"),

@@ -7,6 +7,7 @@ import socket
 import time
 
 import pytest
+import zmq
 from api_fake_tokenizer import COMPLETION_REPLY, FakeTokenizer
 
 from api.client import AsyncClient, Client, ClientError, ClientTimeout, RequestRefused
@@ -30,6 +31,16 @@ def free_tcp_address() -> str:
 
 def unused_address(tmp_path) -> str:
     return f"ipc://{tmp_path}/nobody.sock"
+
+
+@pytest.fixture
+def silent_address(tmp_path):
+    """A tokenizer's address where a ROUTER takes connections and never answers."""
+    address = f"ipc://{tmp_path}/silent.sock"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.bind(address)
+    yield address
+    router.close(linger=0)
 
 
 # --- sync -----------------------------------------------------------------------------------------
@@ -130,14 +141,35 @@ def test_server_info(fake):
     assert info.model == "qwen3-tiny" and info.serving and info.replicas[0].stats.num_running == 3
 
 
-def test_a_silent_tokenizer_times_out_naming_its_address(tmp_path):
-    address = unused_address(tmp_path)
+def test_a_silent_tokenizer_times_out_naming_its_address(silent_address):
+    address = silent_address
     with Client(address, timeout_s=0.2) as client:
         with pytest.raises(ClientTimeout) as info:
             client.generate(["hello"], GREEDY)
         assert address in str(info.value) and "r0" in str(info.value) and "0.2 s" in str(info.value)
         with pytest.raises(ClientTimeout, match=f"{address} did not answer ServerInfoQuery"):
             client.server_info(timeout_s=0.1)
+
+
+def _stale_socket_address(tmp_path) -> str:
+    """A socket file whose server is gone (it was killed before it could remove it)."""
+    path = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as gone:
+        gone.bind(str(path))
+    return f"ipc://{path}"
+
+
+@pytest.mark.parametrize("where,cause", [("missing", "no such socket file"), ("stale", "connection refused"),
+                                         ("tcp", "connection refused")])
+def test_a_client_given_an_address_where_nothing_answers_fails_within_seconds(tmp_path, where, cause):
+    address = {"missing": unused_address(tmp_path), "stale": _stale_socket_address(tmp_path),
+               "tcp": free_tcp_address()}[where]
+    started = time.monotonic()
+    with pytest.raises(ClientError, match=f"nothing answers at {address}: {cause}"):
+        Client(address)
+    with pytest.raises(ClientError, match=f"nothing answers at {address}: {cause}"):
+        asyncio.run(AsyncClient(address).start())
+    assert time.monotonic() - started < 5
 
 
 def test_request_ids_cannot_be_reused_while_unfinished(fake):
@@ -196,8 +228,8 @@ def test_async_abort_and_group_close(fake):
     assert fake.wait_for(lambda: fake.num_active == 0)
 
 
-def test_async_timeout_names_the_address(tmp_path):
-    address = unused_address(tmp_path)
+def test_async_timeout_names_the_address(silent_address):
+    address = silent_address
 
     async def main():
         async with AsyncClient(address, timeout_s=0.2) as client:

@@ -3,11 +3,13 @@ field by field in OpenAI's wire format, streaming and not, errors, auth, aborts 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 
 import orjson
 import pytest
+import zmq
 from api_fake_tokenizer import COMPLETION_REPLY, ENGINE_ERROR, FakeTokenizer
 from api_http import UvicornThread, get, post, request, sse_events
 from prometheus_client.parser import text_string_to_metric_families
@@ -311,9 +313,12 @@ def test_a_stream_whose_engine_goes_silent_ends_with_a_timeout_event(fake):
 
 
 def test_a_silent_tokenizer_gives_504_and_503_naming_its_address(tmp_path):
-    address = f"ipc://{tmp_path}/nobody.sock"
+    address = f"ipc://{tmp_path}/silent.sock"
     config = ApiConfig(MODEL, address, timeout_s=0.3, info_timeout_s=0.2)
-    with UvicornThread(build_app(config)) as server:
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes the connection, never answers
+    silent.linger = 0
+    silent.bind(address)
+    with contextlib.closing(silent), UvicornThread(build_app(config)) as server:
         assert_error(post(server.port, "/v1/completions", {"prompt": "x"}), 504, None,
                      f"the tokenizer at {address} sent nothing", "timeout_error")
         health = get(server.port, "/health")

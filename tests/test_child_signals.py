@@ -65,3 +65,17 @@ def test_a_second_sigterm_leaves_the_cleanup_alone():
         print(first, wait_for_stopping(0.2, send=True))
     """)
     assert out == ["SIGTERM", "None"]
+
+
+def test_the_launchers_death_stops_a_child_as_sigterm_does_and_is_told_apart():
+    out = run_case("""
+        from procs.child import PARENT_DIED_SIGNAL, _parent_died, launcher_died
+        signal.signal(PARENT_DIED_SIGNAL, _parent_died)
+        print(launcher_died())
+        try:
+            os.kill(os.getpid(), PARENT_DIED_SIGNAL)
+            time.sleep(5)
+        except Stopping:
+            print("stopped", launcher_died())
+    """)
+    assert out == ["False", "stopped", "True"]

@@ -2,7 +2,9 @@
 streams of mixed shapes (long chunked prompts, a hot shared prefix, short prompts; greedy and
 seeded sampling), at a chosen kind of step: during a long chunked prefill, in a mixed
 prefill+decode step, in pure decode; with async scheduling on and off, with preemption forced by a
-small pool, and one TP rank of a DP=2 x TP=2 server.
+small pool, and one TP rank of a DP=2 x TP=2 server. A TP rank of a DP=1 server that dies makes the
+server say it cannot serve before its request's error reaches the client, and its surviving peer is
+ended even when it cannot take SIGTERM.
 
 A DP=2 server must finish every stream with exactly the tokens of a server that never failed; a
 DP=1 server must end every stream with an error within 20 s and stop reporting itself as serving.
@@ -13,6 +15,8 @@ load accounting is back to zero.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import time
 
 import numpy as np
@@ -20,6 +24,7 @@ import pytest
 from system_client import SystemClient, tiny_config
 
 from core.sampling_params import SamplingParams
+from ipc.messages import OutputDelta
 from procs.executor_proc import TP_STEP_FAILED_EXIT_CODE
 from procs.fault_injection import ENV, InjectedFault, step_kind_matches
 from procs.launcher import Launcher, LaunchOptions
@@ -148,6 +153,29 @@ def test_a_killed_executor_of_a_dp1_server_ends_every_stream_with_an_error_withi
         assert died_s - first_error_s < 20.0
         assert sum(r.error is not None for r in results.values()) > 0
         assert not client.info().serving
+
+
+def test_a_dead_tp_rank_turns_the_server_unavailable_before_its_request_fails_and_its_wedged_peer_is_ended(
+        device):
+    with Launcher(_config(device, dp=1, tp=2), LaunchOptions(startup_timeout_s=180)) as launcher, \
+            SystemClient(launcher.endpoints.tokenizer_frontend) as client:
+        client.submit("long", SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True),
+                      prompt_token_ids=[9707, 11, 1879])
+        assert isinstance(client.channel.expect(60), OutputDelta)  # it runs
+        survivor, victim = (launcher.replicas[0].executors[rank].process for rank in (0, 1))
+        # A rank blocked in a collective with a dead peer (NCCL waits inside CUDA) never runs its
+        # SIGTERM handler; a stopped process does not either.
+        os.kill(survivor.pid, signal.SIGSTOP)
+        os.kill(victim.pid, signal.SIGKILL)
+        msg = client.channel.expect(30)
+        while not msg.finished:  # the rest of the stream, up to its error
+            msg = client.channel.expect(30)
+        assert msg.error is not None and "executor dp=0 tp=1 exited with code -9" in msg.error
+        # Asked after the error came, the server already says it cannot serve (/health: 503).
+        info = client.info(fresh=False)
+        assert not info.serving and not info.replicas[0].alive
+        survivor.join(10)
+        assert survivor.exitcode == -signal.SIGKILL, "the survivor of the dead replica kept running"
 
 
 def test_a_hung_executor_is_named_killed_and_its_requests_move_after_the_step_timeout(

@@ -33,6 +33,7 @@ from core.execution.model.loader import TORCH_DTYPES, load_checkpoint, load_dumm
 from core.execution.prompt_logprobs import PromptScores, prompt_targets, score_prompt
 from core.execution.registry import registered_class
 from core.execution.sampler import Sampler, SamplingTensors
+from core.execution.startup_phases import StartupPhases
 from core.plan import StepPlan, StepResult
 from core.registry import MODEL_TYPES
 from core.sampling_params import MAX_LOGPROBS
@@ -94,13 +95,16 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = TORCH_DTYPES[config.model.dtype]
         self.backend = backend or make_backend(config.attention_backend, self.device)
-        self.model = build_model(config, tp, show_progress=show_progress)
+        self.phases = StartupPhases(show_progress)  # each phase of the start-up logged with its time
+        with self.phases.phase("loading weights"):
+            self.model = build_model(config, tp, show_progress=show_progress)
         self.sampler = Sampler()
         # The fraction of the card this runner may plan with: 1/N when N executors share one card.
         self.memory_share = memory_share
         self.num_pages = num_pages or config.cache.num_pages or self._num_pages_that_fit()
         if self.device.type == "cuda":
-            self._compile_kernels()
+            with self.phases.phase("compiling kernels"):
+                self._compile_kernels()
         self.kv_cache = self._allocate_kv_cache(self.num_pages)
         self.graphs = self._capture_graphs()
         # The tokens sampled at each row of the previous step, for the next step's placeholders; a TP
@@ -123,7 +127,8 @@ class ModelRunner:
     def _num_pages_that_fit(self) -> int:
         if self.device.type != "cuda":
             return max(1, CPU_KV_CACHE_BYTES // self._page_bytes())
-        peak = self.profile_peak_memory()
+        with self.phases.phase("profiling memory"):
+            peak = self.profile_peak_memory()
         total = torch.cuda.get_device_properties(self.device).total_memory
         budget = int(self.config.cache.gpu_memory_utilization * self.memory_share * total) - peak
         num_pages = budget // self._page_bytes()
@@ -175,7 +180,8 @@ class ModelRunner:
         max_batch = self.graph_batch_limit()
         if max_batch == 0:
             return None
-        with torch.inference_mode():
+        capturing = f"capturing decode CUDA graphs up to batch {max_batch}"
+        with torch.inference_mode(), self.phases.phase(capturing):
             return DecodeGraphs(self.model, self.backend, self.kv_cache, max_batch, self.config.max_model_len,
                                 self.device, self.tp)
 

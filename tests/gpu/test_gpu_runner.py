@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -35,3 +38,18 @@ def test_sampling_noise_is_identical_on_cpu_and_cuda():
     cpu = exponential_noise(seed, pos, 151936)
     gpu = exponential_noise(seed.cuda(), pos.cuda(), 151936).cpu()
     assert torch.equal(cpu, gpu)
+
+
+def test_a_cuda_runner_logs_every_phase_of_its_start_in_order(caplog):
+    from core.config import SchedulerConfig
+
+    config = EngineConfig(model=ModelConfig.from_name("qwen3-tiny", dtype="bfloat16"),
+                          scheduler=SchedulerConfig(max_model_len=512, max_num_seqs=8), device="cuda")
+    with caplog.at_level(logging.INFO, logger="cadence.startup"):
+        ModelRunner(config, show_progress=True)
+    lines = [r.getMessage() for r in caplog.records if r.name == "cadence.startup"]
+    started = [line.removesuffix(" ...") for line in lines if line.endswith(" ...")]
+    assert started == ["loading weights", "profiling memory", "compiling kernels",
+                       "capturing decode CUDA graphs up to batch 8"], lines
+    for name in started:
+        assert any(re.fullmatch(rf"{re.escape(name)}: done in \d+\.\d s", line) for line in lines), lines

@@ -10,6 +10,7 @@ same slices, so a TP=2 dummy model holds exactly the TP=1 weights split in two.
 from __future__ import annotations
 
 import json
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,7 +82,9 @@ def load_checkpoint(model: torch.nn.Module, directory: str | Path, show_progress
     by_file: dict[Path, list[str]] = {}
     for name in wanted:
         by_file.setdefault(files[name], []).append(name)
-    progress = tqdm(total=len(wanted), desc="loading weights", unit="tensor", disable=not show_progress)
+    # A bar on a terminal only: in a log file its redraws would be noise (the runner logs the phase).
+    progress = tqdm(total=len(wanted), desc="loading weights", unit="tensor",
+                    disable=not show_progress or not sys.stderr.isatty())
     with torch.no_grad():
         for path, names in sorted(by_file.items()):
             try:
