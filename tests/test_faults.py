@@ -174,7 +174,11 @@ def test_a_dead_tp_rank_turns_the_server_unavailable_before_its_request_fails_an
         # Asked after the error came, the server already says it cannot serve (/health: 503).
         info = client.info(fresh=False)
         assert not info.serving and not info.replicas[0].alive
-        survivor.join(10)
+        # The launcher's threads reap it too: poll until one of them has recorded its exit code (a
+        # join here can return while another thread is between reaping it and recording the code).
+        deadline = time.monotonic() + 10
+        while survivor.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert survivor.exitcode == -signal.SIGKILL, "the survivor of the dead replica kept running"
 
 
