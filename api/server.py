@@ -51,6 +51,7 @@ from api.protocol import (
     parse_completion_request,
     parse_json_body,
 )
+from api.request_id import RequestIdEcho
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _T = TypeVar("_T")
@@ -312,4 +313,5 @@ def build_app(config: ApiConfig) -> Starlette:
     app.state.server = server
     if config.api_key is not None:
         app.add_middleware(_ApiKeyCheck, api_key=config.api_key)
+    app.add_middleware(RequestIdEcho)  # outermost: a refused key's 401 carries the id too
     return app

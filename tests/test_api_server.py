@@ -82,6 +82,23 @@ def test_health_follows_the_engines_serving_flag(port, fake):
     assert "replica 1: executor dp=1 tp=0 died" in down.json()["reason"]
 
 
+def test_a_requests_x_request_id_comes_back_on_its_response_errors_and_streams_included(port):
+    tagged = {"X-Request-Id": "gw-7f3a-0001"}
+    ok = post(port, "/v1/completions", {"model": "qwen3-tiny", "prompt": "hi", "max_tokens": 3},
+              headers=tagged)
+    assert ok.status == 200 and ok.headers["x-request-id"] == "gw-7f3a-0001"
+    assert ok.json()["id"].startswith("cmpl-")  # the completion's own id stays Cadence's
+    stream = post(port, "/v1/completions", {"model": "qwen3-tiny", "prompt": "hi", "max_tokens": 3,
+                                            "stream": True}, headers=tagged)
+    assert stream.status == 200 and stream.headers["x-request-id"] == "gw-7f3a-0001"
+    refused = post(port, "/v1/completions", {"model": "qwen3-tiny", "prompt": "hi", "max_tokens": -1},
+                   headers=tagged)
+    assert refused.status == 400 and refused.headers["x-request-id"] == "gw-7f3a-0001"
+    assert get(port, "/health", headers=tagged).headers["x-request-id"] == "gw-7f3a-0001"
+    assert "x-request-id" not in get(port, "/health").headers  # none given, none made up
+    assert "x-request-id" not in get(port, "/health", headers={"X-Request-Id": "x" * 300}).headers
+
+
 def test_unknown_route_and_wrong_method_are_openai_errors(port):
     missing = get(port, "/v1/embeddings")
     assert missing.status == 404 and missing.json()["error"]["message"] == "no route GET /v1/embeddings"
