@@ -52,6 +52,7 @@ from api.protocol import (
     parse_json_body,
 )
 from api.request_id import RequestIdEcho
+from ipc.messages import ReplicaInfo
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _T = TypeVar("_T")
@@ -227,6 +228,16 @@ class ApiServer:
                              "served_model_name": model.name, "is_generation": True,
                              "context_length": model.max_model_len, "max_model_len": model.max_model_len})
 
+    async def load(self, request: Request) -> Response:
+        """Each replica's load as the SGLang runtime reports it (GET /get_load), for routers that
+        balance by it (the SGLang Model Gateway's power-of-two policy): requests running and waiting,
+        and num_tokens, the prompt and output tokens routed to the replica and not yet finished."""
+        try:
+            info = await self.client.server_info(self.config.info_timeout_s)
+        except ClientError as e:
+            return JSONResponse(error_object(f"the engine's load is unknown: {e}", SERVER_ERROR), 503)
+        return JSONResponse([_replica_load(r) for r in info.replicas])
+
     async def health(self, request: Request) -> Response:
         try:
             info = await self.client.server_info(self.config.info_timeout_s)
@@ -253,6 +264,13 @@ class ApiServer:
         except metadata.PackageNotFoundError:
             version = "unknown"
         return JSONResponse({"version": version})
+
+
+def _replica_load(replica: ReplicaInfo) -> dict:
+    stats = replica.stats
+    running, waiting = (stats.num_running, stats.num_waiting) if stats is not None else (0, 0)
+    return {"dp_rank": replica.replica, "num_reqs": running + waiting, "num_waiting_reqs": waiting,
+            "num_tokens": replica.routed_load_tokens, "alive": replica.alive}
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
@@ -301,6 +319,7 @@ def build_app(config: ApiConfig) -> Starlette:
         Route("/v1/models/{model_id:path}", server.model, methods=["GET"]),
         *(Route(path, server.model_info, methods=["GET"])
           for path in ("/get_model_info", "/model_info", "/get_server_info", "/server_info")),
+        Route("/get_load", server.load, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
         Route("/version", server.version, methods=["GET"]),

@@ -4,6 +4,7 @@ field by field in OpenAI's wire format, streaming and not, errors, auth, aborts 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import time
 
@@ -97,6 +98,20 @@ def test_a_requests_x_request_id_comes_back_on_its_response_errors_and_streams_i
     assert get(port, "/health", headers=tagged).headers["x-request-id"] == "gw-7f3a-0001"
     assert "x-request-id" not in get(port, "/health").headers  # none given, none made up
     assert "x-request-id" not in get(port, "/health", headers={"X-Request-Id": "x" * 300}).headers
+
+
+def test_get_load_reports_each_replica_as_the_sglang_runtime_does(port, fake):
+    busy = dataclasses.replace(fake.replicas[0], routed_load_tokens=4096)
+    saved, fake.replicas = fake.replicas, [busy, fake.replicas[1]]
+    try:
+        reply = get(port, "/get_load")
+    finally:
+        fake.replicas = saved
+    assert reply.status == 200
+    assert reply.json() == [
+        {"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 4096, "alive": True},
+        {"dp_rank": 1, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "alive": False},
+    ]
 
 
 def test_unknown_route_and_wrong_method_are_openai_errors(port):
