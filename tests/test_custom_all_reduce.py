@@ -12,6 +12,7 @@ runs it again in a child process (tests/triton_interpreter.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
@@ -170,3 +171,20 @@ def test_a_rank_that_cannot_share_turns_the_kernel_off_on_every_rank(caplog):
     assert results == {0: None, 1: None}
     lines = [r.getMessage() for r in caplog.records if "custom all-reduce off" in r.getMessage()]
     assert len(lines) == 1 and "could not share its buffer" in lines[0], lines
+
+
+def test_an_ipc_handle_travels_as_json_and_only_its_own_kinds_of_value_come_back():
+    """What rebuild_cuda_tensor takes (plain values, bytes, a dtype, two classes) survives the JSON;
+    anything else that might be read from the store is refused, never turned into an object."""
+    from core.execution import ipc_handle
+
+    args = (torch.Tensor, torch.Size([4096]), (1,), 0, torch.UntypedStorage, torch.uint8, 0,
+            b"\x00\xffhandle", 4096, 0, False, b"/torch_123_ref", 7, b"\x01event", True)
+    encoded = json.dumps([ipc_handle._encode(a) for a in args])
+    decoded = tuple(ipc_handle._decode(a) for a in json.loads(encoded))
+    assert decoded == tuple(tuple(a) if isinstance(a, torch.Size) else a for a in args)
+    for hostile in ({"class": "os.system"}, {"dtype": "load"}, {"module": "builtins"}):
+        with pytest.raises(ValueError):
+            ipc_handle._decode(hostile)
+    with pytest.raises(ValueError):
+        ipc_handle._encode(torch.nn.Module)

@@ -8,21 +8,24 @@ collective library (tpgroup's choice, by size: the same on every rank).
 
 Start-up (`connect`, every rank of the group together, within the rendezvous store's timeout):
 each rank allocates its exchange buffer (all_reduce_kernel's layout: two data halves of `max_bytes`
-and the flags) and publishes a CUDA IPC handle of it with its GPU's UUID; each maps every peer's
-buffer, after checking that it can (the peer's GPU visible here under the same index, and peer
-access between the two cards: two ranks sharing one card always can). Every rank then publishes
-its verdict and all of them read all verdicts, so the group turns the kernel on or off as one: a
-rank that used it while a peer waited in NCCL would hang both. Off, rank 0 logs one line naming
-the reason. A rank that dies leaves its peers' programs waiting on its flags inside the kernel;
-the launcher's supervision, which ends the whole replica when one rank dies, is what ends them.
+and the flags) and publishes a CUDA IPC handle of it with its GPU's UUID (as JSON, no pickle:
+core/execution/ipc_handle.py); each maps every peer's buffer, after checking that it can (the
+peer's GPU visible here under the same index, and peer access between the two cards: two ranks
+sharing one card always can). Every rank then publishes its verdict and all of them read all
+verdicts, so the group turns the kernel on or off as one: a rank that used it while a peer waited
+in NCCL would hang both. Off, rank 0 logs one line naming the reason. A rank that dies leaves
+its peers' programs waiting on its flags inside the kernel; the launcher's supervision, which
+ends the whole replica when one rank dies, is what ends them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import pickle
 
 import torch
+
+from core.execution.ipc_handle import open_shared, share
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +87,12 @@ def connect(store, rank: int, world: int, device: torch.device, max_bytes: int =
     try:
         buffer = torch.zeros(exchange_buffer_bytes(world, max_bytes), dtype=torch.uint8, device=device)
         torch.cuda.synchronize(device)  # zeroed before any peer can write a flag into it
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        offer = {"uuid": _uuid(device.index), "index": device.index, "handle": reduce_tensor(buffer)}
+        offer = {"uuid": _uuid(device.index), "index": device.index, "handle": share(buffer).decode()}
     except Exception as exc:  # noqa: BLE001 - any failure turns the kernel off, with its reason
         reason = f"tp={rank} could not share its buffer: {_first_line(exc)}"
         offer = {"error": reason}
-    store.set(_key("offer", rank), pickle.dumps(offer))
-    offers = [offer if r == rank else pickle.loads(store.get(_key("offer", r))) for r in range(world)]
+    store.set(_key("offer", rank), json.dumps(offer))
+    offers = [offer if r == rank else json.loads(store.get(_key("offer", r))) for r in range(world)]
     buffers: list[torch.Tensor] = []
     if reason is None:
         reason = next((o["error"] for o in offers if "error" in o), None)
@@ -99,7 +100,8 @@ def connect(store, rank: int, world: int, device: torch.device, max_bytes: int =
         reason = _unmappable_peer(rank, device, offers)
     if reason is None:
         try:
-            buffers = [buffer if r == rank else _open(o["handle"]) for r, o in enumerate(offers)]
+            buffers = [buffer if r == rank else open_shared(o["handle"].encode())
+                       for r, o in enumerate(offers)]
         except Exception as exc:  # noqa: BLE001
             reason = f"tp={rank} could not map a peer's buffer: {_first_line(exc)}"
     store.set(_key("verdict", rank), reason or _AGREED)
@@ -127,11 +129,6 @@ def _unmappable_peer(rank: int, device: torch.device, offers: list[dict]) -> str
             return (f"cuda:{device.index} (tp={rank}) cannot map the memory of cuda:{index} (tp={peer}): "
                     "no peer access")
     return None
-
-
-def _open(handle) -> torch.Tensor:
-    rebuild, args = handle
-    return rebuild(*args)
 
 
 def _uuid(index: int) -> str:
