@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from api_fake_tokenizer import FakeTokenizer
 from api_http import UvicornThread, get, post
+from free_ports import free_port
 
 from api import cli
 from api.protocol import ServedModel
@@ -156,9 +157,7 @@ def test_the_port_is_held_while_the_engine_loads_and_served_on(monkeypatch):
         held["checked"] = True
         yield ServedModel("m", 512, GenerationDefaults()), "ipc:///nowhere"
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     served_on = {}
     monkeypatch.setattr(cli, "_run_http", lambda app, args, watch, http_socket: served_on.update(
         port=http_socket.getsockname()[1]))

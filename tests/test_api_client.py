@@ -9,6 +9,7 @@ import time
 import pytest
 import zmq
 from api_fake_tokenizer import COMPLETION_REPLY, FakeTokenizer
+from free_ports import free_tcp_address
 
 from api.client import AsyncClient, Client, ClientError, ClientTimeout, RequestRefused
 from core.sampling_params import SamplingParams
@@ -21,12 +22,6 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 def fake():
     with FakeTokenizer() as fake:
         yield fake
-
-
-def free_tcp_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def unused_address(tmp_path) -> str:

@@ -10,6 +10,7 @@ import time
 import orjson
 import pytest
 from api_http import UvicornThread, get, post, sse_events
+from free_ports import free_tcp_address
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.client import Client, ClientError
@@ -27,12 +28,6 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 KEY = "native key"
-
-
-def free_tcp_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,12 @@ across the wire."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from free_ports import free_port
 from inprocess_engine import Engine
 from plans import Chunk, make_plan
 from tiny_models import build_tiny_checkpoint
@@ -184,9 +184,7 @@ def test_tp2_scores_the_prompt_as_tp1_does(checkpoint):
     want = reference(hf, prompt)[:21].gather(-1, torch.tensor(prompt[1:22])[:, None]).squeeze(-1)
     np.testing.assert_allclose(expected.prompt_logprobs, want.numpy(), atol=TOLERANCE)
     assert runner.execute(make_plan([Chunk([1, 2, 3], 0, [0])], 16)).prompt_logprobs is None  # none asked
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_tp_worker, args=(r, str(directory), port, queue)) for r in range(2)]

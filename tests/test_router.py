@@ -16,12 +16,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from free_ports import free_port
 
 from ipc.endpoints import default_runtime_root
 from ipc.shm_ring import SHM_DIR
@@ -30,12 +30,6 @@ pytest.importorskip("sglang_router")
 
 STARTUP_S = 240
 MODEL = "qwen3-tiny"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
@@ -73,7 +67,7 @@ def _serve(port: int, *layout: str) -> subprocess.Popen:
 def _router(port: int, workers: list[int], policy: str) -> subprocess.Popen:
     # docs/deploy.md's command: a worker that fails one health check (every 2 s) leaves the rotation.
     return subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                             "--port", str(port), "--prometheus-port", str(_free_port()), "--policy", policy,
+                             "--port", str(port), "--prometheus-port", str(free_port()), "--policy", policy,
                              "--health-check-interval-secs", "2", "--health-failure-threshold", "1",
                              "--worker-urls", *(f"http://127.0.0.1:{w}" for w in workers)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -95,7 +89,7 @@ def _stop(process: subprocess.Popen, group: bool) -> None:
 @pytest.fixture(scope="module")
 def fleet():
     """Two servers (one replica; two replicas) and a router for each policy in front of both."""
-    workers = [_free_port(), _free_port()]
+    workers = [free_port(), free_port()]
     servers = [_serve(workers[0]), _serve(workers[1], "--dp", "2")]
     routers: dict[str, int] = {}
     router_processes = []
@@ -104,7 +98,7 @@ def fleet():
             _wait_until(lambda port=port: _request(port, "GET", "/health")[0] == 200, f"server :{port}",
                         servers)
         for policy in ("cache_aware", "round_robin"):
-            routers[policy] = _free_port()
+            routers[policy] = free_port()
             router_processes.append(_router(routers[policy], workers, policy))
         for policy, port in routers.items():
             _wait_until(lambda port=port: MODEL in _request(port, "GET", "/v1/models")[1].decode(),

@@ -3,13 +3,13 @@ a rank that stalls at any phase of joining is named by its peer once --dist-time
 
 from __future__ import annotations
 
-import socket
 import time
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from free_ports import free_port
 from plans import Chunk, make_plan
 from tiny_models import build_tiny_checkpoint
 
@@ -57,12 +57,6 @@ def _tp_worker(rank: int, directory: str, port: int, prompt, continuation, queue
         torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tp2_logits_equal_tp1(tmp_path):
     build_tiny_checkpoint(tmp_path, seed=5)
     rng = np.random.default_rng(3)
@@ -73,7 +67,7 @@ def test_tp2_logits_equal_tp1(tmp_path):
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_tp_worker, args=(r, str(tmp_path), port, prompt, continuation, queue))
              for r in range(2)]
     for p in procs:
@@ -125,7 +119,7 @@ def test_a_rank_that_stalls_while_joining_is_named_by_its_peer_within_the_dist_t
     timeout_s = 3.0
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_join_worker, args=(r, port, stalled_rank, stall_at, timeout_s, queue))
              for r in range(2)]
     for p in procs:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing
-import socket
 import time
 
 import pytest
 import torch
+from free_ports import free_port
 
 from core.execution.all_reduce_kernel import CHUNK
 
@@ -82,12 +82,6 @@ def run_rank(rank: int, world: int, port: int, reports) -> None:
         reports.put((rank, "ok", (time.perf_counter() - started) / 200 * 1e6))
     except Exception as exc:  # noqa: BLE001 - reported to the test
         reports.put((rank, "error", f"{type(exc).__name__}: {exc}"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_processes_on_one_gpu_sum_exactly_eager_and_in_graphs():
