@@ -1,18 +1,20 @@
 """The `messages` of a chat completion request and its chat-template arguments, checked.
 
 Roles are OpenAI's (system, user, assistant, tool); content is a string or an array of text parts
-(joined with newlines); an assistant turn's `reasoning_content` travels as its own field of the
-ChatTurn, for the tokenizer process's chat template. Tool calls and non-text parts are refused,
-naming the field.
+(joined with newlines); an assistant turn's `reasoning_content` and `tool_calls` (OpenAI's
+{"id", "type": "function", "function": {"name", "arguments"}}, arguments as JSON text) travel as
+fields of their own of the ChatTurn, for the tokenizer process's chat template. Non-text parts are
+refused, naming the field.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from api.body_fields import BodyFields, describe
 from api.errors import invalid
-from ipc.messages import ChatTurn
+from ipc.messages import ChatTurn, ToolCallTurn
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 _MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning_content", "tool_call_id", "tool_calls"})
@@ -34,8 +36,7 @@ def parse_messages(value: Any) -> list[ChatTurn]:
         if role not in CHAT_ROLES:
             raise invalid(f"{where}.role", f"'{where}.role' must be one of {', '.join(CHAT_ROLES)}; got "
                           f"{describe(role)}")
-        if message.get("tool_calls"):
-            raise invalid(f"{where}.tool_calls", "tool calls are not supported by this server")
+        tool_calls = _tool_calls(message.get("tool_calls"), where, role)
         content = _message_content(message.get("content"), where, role)
         reasoning = message.get("reasoning_content")
         if reasoning is not None and (role != "assistant" or not isinstance(reasoning, str)):
@@ -44,8 +45,31 @@ def parse_messages(value: Any) -> list[ChatTurn]:
         for name in ("name", "tool_call_id"):
             if message.get(name) is not None and not isinstance(message[name], str):
                 raise invalid(f"{where}.{name}", f"'{where}.{name}' must be a string")
-        turns.append(ChatTurn(role=role, content=content, reasoning_content=reasoning))
+        turns.append(ChatTurn(role=role, content=content, reasoning_content=reasoning, tool_calls=tool_calls))
     return turns
+
+
+def _tool_calls(value: Any, where: str, role: str) -> list[ToolCallTurn] | None:
+    if not value:
+        return None
+    if role != "assistant" or not isinstance(value, list):
+        raise invalid(f"{where}.tool_calls",
+                      f"'{where}.tool_calls' must be an array, on an assistant message")
+    calls = []
+    for j, call in enumerate(value):
+        call_where = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise invalid(f"{call_where}.function", f"'{call_where}' must be {{'type': 'function', "
+                          "'function': {'name': ..., 'arguments': ...}}")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)  # as the template's tojson would
+        if not isinstance(arguments, str):
+            raise invalid(f"{call_where}.function.arguments",
+                          f"'{call_where}.function.arguments' must be a string of JSON")
+        calls.append(ToolCallTurn(function["name"], arguments))
+    return calls
 
 
 def _message_content(content: Any, where: str, role: str) -> str:

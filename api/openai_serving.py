@@ -34,19 +34,23 @@ from api.errors import SERVER_ERROR, TIMEOUT, UNAVAILABLE, ApiError, error_objec
 from api.metrics import ApiMetrics, RequestTiming
 from api.protocol import ParsedRequest
 from api.reasoning import ReasoningSplitter
+from api.tool_call_parser import ToolCallParser
 from ipc.messages import OutputDelta, RequestFailed
 
 
 class ChoiceState:
     """One choice of a call: what it has produced so far."""
 
-    def __init__(self, index: int, timing: RequestTiming, split_reasoning: bool):
+    def __init__(self, index: int, timing: RequestTiming, split_reasoning: bool,
+                 tool_parser: ToolCallParser | None = None):
         self.index = index
         self.timing = timing
         self.splitter = ReasoningSplitter() if split_reasoning else None
+        self.tool_parser = tool_parser  # chat with tools: calls taken out of the content
         self.text: list[str] = []  # completions
         self.content: list[str] = []  # chat
         self.reasoning: list[str] = []  # chat
+        self.tool_calls: list[dict[str, Any]] = []  # chat with tools
         self.logprobs: list[dict[str, Any]] = []  # per output, in the endpoint's shape
         self.text_offset = 0
         self.echoed = False  # completions with echo: the prompt went out before the first text
@@ -88,7 +92,12 @@ class _Call:
         self._group: RequestGroup | None = None
         self._peeked: deque[OutputDelta] = deque()
         is_chat = parsed.endpoint == "chat"
-        self._choices = {r.request_id: ChoiceState(i, RequestTiming(metrics, start_s), is_chat)
+        tools = parsed.tools
+
+        def tool_parser() -> ToolCallParser | None:
+            return ToolCallParser(tools.parallel) if tools.parse_calls else None
+
+        self._choices = {r.request_id: ChoiceState(i, RequestTiming(metrics, start_s), is_chat, tool_parser())
                          for i, r in enumerate(parsed.requests)}
 
     @property
@@ -283,15 +292,27 @@ class CompletionCall(_Call):
 
 
 class ChatCall(_Call):
-    """POST /v1/chat/completions; replies split into reasoning_content and content."""
+    """POST /v1/chat/completions; replies split into reasoning_content, content and (with tools)
+    tool_calls, whose finish_reason "stop" becomes "tool_calls"."""
 
-    def _split(self, choice: ChoiceState, output: OutputDelta) -> tuple[str, str]:
+    def _split(self, choice: ChoiceState, output: OutputDelta) -> tuple[str, str, list[dict[str, Any]]]:
         assert choice.splitter is not None
         reasoning, content = choice.splitter.feed(output.text)
         if output.finished:
             tail = choice.splitter.finish()
             reasoning, content = reasoning + tail.reasoning, content + tail.content
-        return reasoning, content
+        if choice.tool_parser is None:
+            return reasoning, content, []
+        content, calls = choice.tool_parser.feed(content)
+        if output.finished:
+            tail_content, _ = choice.tool_parser.finish()
+            content += tail_content
+        return reasoning, content, calls
+
+    @staticmethod
+    def _finish_reason(choice: ChoiceState, finish_reason: str | None) -> str | None:
+        called = choice.tool_parser is not None and choice.tool_parser.num_calls > 0
+        return "tool_calls" if called and finish_reason == "stop" else finish_reason
 
     def _logprobs(self, output: OutputDelta) -> dict[str, Any] | None:
         if output.logprobs is None:
@@ -303,9 +324,10 @@ class ChatCall(_Call):
         if output.prompt_logprobs is not None and self.parsed.prompt_logprobs is not None:
             choice.prompt_logprobs = responses.prompt_logprobs_entries(output.prompt_logprobs,
                                                                        output.prompt_token_ids or [])
-        reasoning, content = self._split(choice, output)
+        reasoning, content, calls = self._split(choice, output)
         choice.reasoning.append(reasoning)
         choice.content.append(content)
+        choice.tool_calls += calls
         part = self._logprobs(output)
         if part is not None:
             choice.logprobs.append(part)
@@ -316,8 +338,9 @@ class ChatCall(_Call):
             logprobs = None
             if self.parsed.logprobs is not None:
                 logprobs = {"content": [entry for part in c.logprobs for entry in part["content"]]}
-            message = responses.chat_message("".join(c.content), "".join(c.reasoning) or None)
-            choices.append(responses.chat_choice(c.index, message, c.finish_reason, c.stop_reason, logprobs))
+            message = responses.chat_message("".join(c.content), "".join(c.reasoning) or None, c.tool_calls)
+            choices.append(responses.chat_choice(c.index, message, self._finish_reason(c, c.finish_reason),
+                                                 c.stop_reason, logprobs))
         reply = responses.chat_completion(self.call_id, self.created, self.parsed.model, choices,
                                           self._usage())
         if self.parsed.prompt_logprobs is not None:  # every choice has the same prompt
@@ -333,16 +356,19 @@ class ChatCall(_Call):
                 for c in self.choices]
 
     def _chunks(self, choice: ChoiceState, output: OutputDelta) -> list[dict[str, Any]]:
-        reasoning, content = self._split(choice, output)
+        reasoning, content, calls = self._split(choice, output)
         delta: dict[str, Any] = {}
         if reasoning:
             delta["reasoning_content"] = reasoning
         if content:
             delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
         logprobs = self._logprobs(output)
         if not (delta or logprobs or output.finished):
             return []
-        return [self._chunk([responses.chat_delta_choice(choice.index, delta, output.finish_reason,
+        finish_reason = self._finish_reason(choice, output.finish_reason)
+        return [self._chunk([responses.chat_delta_choice(choice.index, delta, finish_reason,
                                                          output.stop_reason, logprobs)])]
 
 

@@ -16,7 +16,11 @@ Choices of this server, where OpenAI and vLLM leave room:
   `strict_fields` (`--strict-request-fields`) they are refused (400, `param` = the field), so a typo
   never silently changes nothing. Bad values of known fields are refused either way. A few OpenAI
   fields this server cannot honour are accepted only at their no-op value (`logit_bias` empty,
-  `tools` empty, `response_format` text, ...).
+  `response_format` text, ...).
+* `tools` (function calling; api/tool_fields.py): offered to the model through the chat template,
+  and the reply's calls come back as `tool_calls` with finish_reason "tool_calls". `tool_choice`
+  "auto" and "none" are honoured; "required" and a named function are refused (they need
+  constrained decoding).
 * `echo` (completions) puts the prompt before each choice's text (a token-id prompt as the
   tokenizer process decodes it); with `logprobs` the choice's logprobs start with the prompt's
   tokens, the first one's logprob null, as in vLLM. `max_tokens` 0 is allowed with echo (scoring a
@@ -49,6 +53,7 @@ import orjson
 from api.body_fields import BodyFields, check_unknown, describe, is_int, is_token_id, require_noop
 from api.chat_messages import parse_messages, parse_template_kwargs
 from api.errors import ApiError, invalid
+from api.tool_fields import ToolSettings, parse_tool_fields
 from core.config import GenerationDefaults
 from core.sampling_params import MAX_LOGPROBS, SAMPLING_COLUMNS, SamplingParams, SamplingParamsError
 from ipc.messages import GenerateRequest
@@ -102,6 +107,7 @@ class ParsedRequest:
     echo: bool = False  # completions: each choice's text starts with its prompt
     echo_only: bool = False  # completions: echo with max_tokens 0: the sampled token is dropped
     prompt_logprobs: int | None = None  # the body's prompt_logprobs (vLLM's)
+    tools: ToolSettings = ToolSettings(None, True)  # chat: the functions offered; calls parsed if any
 
     @property
     def num_prompts(self) -> int:
@@ -166,9 +172,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
     messages = parse_messages(fields.get("messages", required=True))
     enable_thinking = parse_template_kwargs(fields)
     add_generation_prompt = fields.bool("add_generation_prompt", True)
-    require_noop(fields, "tools", ([],), "tools are not supported by this server")
-    require_noop(fields, "tool_choice", ("none", "auto"), "tool_choice is not supported by this server")
-    fields.bool("parallel_tool_calls", True)
+    tool_settings = parse_tool_fields(fields)
     require_noop(fields, "response_format", ({"type": "text"},), "only response_format {'type': 'text'} "
                   "is supported")
     want_logprobs = fields.bool("logprobs", False)
@@ -196,6 +200,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
             request_id=f"{request_id}-{i}",
             params=_choice_params(params, i),
             messages=list(messages),
+            tools=tool_settings.tools,
             enable_thinking=enable_thinking,
             add_generation_prompt=add_generation_prompt,
             stream=True,
@@ -204,7 +209,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
         for i in range(n)
     )
     return ParsedRequest("chat", model_name, requests, n, stream, include_usage, continuous_usage, logprobs,
-                         max_field, prompt_logprobs=prompt_logprobs)
+                         max_field, prompt_logprobs=prompt_logprobs, tools=tool_settings)
 
 
 # --- parts of a request ---------------------------------------------------------------------------

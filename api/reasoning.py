@@ -70,7 +70,7 @@ class ReasoningSplitter:
                 reasoning = reasoning.lstrip("\n")
             self._state, self._held = "answer", ""
             return Split(reasoning, self._answer(buffer[end + len(THINK_CLOSE):]))
-        cut = len(buffer) - _partial_suffix(buffer, THINK_CLOSE)
+        cut = len(buffer) - partial_suffix(buffer, THINK_CLOSE)
         while cut > 0 and buffer[cut - 1] == "\n":
             cut -= 1  # newlines right before </think> are not reasoning
         emitted, self._held = buffer[:cut], buffer[cut:]
@@ -86,7 +86,7 @@ class ReasoningSplitter:
         return text
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """The length of the longest suffix of `text` that is a proper prefix of `tag`."""
     for length in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-length:]):

@@ -127,8 +127,13 @@ def completion_chunk(call_id: str, created: int, model: str, choices: list[dict[
 # --- /v1/chat/completions -------------------------------------------------------------------------
 
 
-def chat_message(content: str, reasoning_content: str | None) -> dict[str, Any]:
-    return {"role": "assistant", "content": content, "reasoning_content": reasoning_content}
+def chat_message(content: str, reasoning_content: str | None,
+                 tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An assistant message; with tool calls, content is null when the reply said nothing else."""
+    if not tool_calls:
+        return {"role": "assistant", "content": content, "reasoning_content": reasoning_content}
+    return {"role": "assistant", "content": content or None, "reasoning_content": reasoning_content,
+            "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in tool_calls]}
 
 
 def chat_choice(index: int, message: dict[str, Any], finish_reason: str | None,

@@ -17,6 +17,7 @@ Startup: every child writes one Ready, encoded, to a pipe its launcher reads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.config import EngineConfig
 from core.sampling_params import SamplingParams
@@ -29,12 +30,22 @@ from ipc.codec import InvalidItem, items_fail_alone, message
 
 @message
 @dataclass(frozen=True)
+class ToolCallTurn:
+    """A function call an earlier assistant turn made, as the chat template renders it."""
+
+    name: str
+    arguments: str  # the arguments as JSON text, as the client sent them
+
+
+@message
+@dataclass(frozen=True)
 class ChatTurn:
     """One message of a chat, as the client sent it; the tokenizer process renders the chat."""
 
     role: str  # "system", "user", "assistant" or "tool"
     content: str  # an assistant turn's answer only: its reasoning, if given, is in reasoning_content
     reasoning_content: str | None = None  # an assistant turn's reasoning, for the chat template
+    tool_calls: list[ToolCallTurn] | None = None  # an assistant turn's function calls
 
 
 @message
@@ -47,6 +58,7 @@ class GenerateRequest:
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     messages: list[ChatTurn] | None = None
+    tools: list[dict[str, Any]] | None = None  # chat only: the functions the model may call (OpenAI's form)
     enable_thinking: bool = True  # chat only: Qwen3's thinking switch
     add_generation_prompt: bool = True  # chat only
     stream: bool = True  # one OutputDelta per step; False: one at the end with everything

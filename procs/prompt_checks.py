@@ -10,6 +10,7 @@ request, and raises PromptError for what it refuses.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from core.sampling_params import SamplingParams
 from ipc.messages import ChatTurn, ContextOverflow
@@ -45,9 +46,13 @@ def fit_to_context(params: SamplingParams, num_prompt_tokens: int, max_model_len
     raise PromptError(field_name, overflow.describe(), overflow)
 
 
-def template_message(turn: ChatTurn) -> dict[str, str]:
-    """A chat turn as the chat template takes it; reasoning_content only where the client gave it."""
-    message = {"role": turn.role, "content": turn.content}
+def template_message(turn: ChatTurn) -> dict[str, Any]:
+    """A chat turn as the chat template takes it (tool calls in OpenAI's form); reasoning_content
+    and tool_calls only where the client gave them."""
+    message: dict[str, Any] = {"role": turn.role, "content": turn.content}
     if turn.reasoning_content is not None:
         message["reasoning_content"] = turn.reasoning_content
+    if turn.tool_calls:
+        message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in turn.tool_calls]
     return message

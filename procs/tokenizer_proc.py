@@ -219,7 +219,7 @@ class TokenizerProcess:
             turns = [template_message(t) for t in request.messages or ()]
             try:
                 text = self.tokenizer.apply_chat_template(turns, request.add_generation_prompt,
-                                                          request.enable_thinking)
+                                                          request.enable_thinking, request.tools)
             except ValueError as exc:
                 raise PromptError("messages", str(exc)) from exc
             ids, where = self.tokenizer.encode(text), "messages"

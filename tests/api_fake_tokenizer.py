@@ -8,8 +8,9 @@ ServerInfoQuery. What it generates is
 scripted, one text piece per token:
 
 * `reply(request)` gives the pieces (default: a thinking chat reply, a plain one when thinking is off,
-  a few words for completions); when they run out the request stops ("stop"), unless ignore_eos,
-  then it repeats " more" until max_tokens ("length").
+  a few words for completions; a chat offering tools: a thought, a sentence, then a call of the
+  first tool with {"city": "Paris"} in Qwen3's `<tool_call>` block); when they run out the request
+  stops ("stop"), unless ignore_eos, then it repeats " more" until max_tokens ("length").
 * a prompt with "FOREVER" generates until aborted or max_tokens; one with "ENGINE_ERROR" is ended
   by the "engine" after two tokens with an error; stop strings and stop_token_ids end a request as
   the real detokenizer does.
@@ -57,7 +58,15 @@ COMPLETION_REPLY = [" one", " two", " three", " four", " five"]
 ENGINE_ERROR = "executor dp=0 tp=0 failed in step 7: RuntimeError: boom"
 
 
+def tool_reply(name: str) -> list[str]:
+    return ["<think>", "\n", "A", " tool", ".", "\n", "</think>", "\n\n", "Let", " me", " check", ".", "\n",
+            "<tool_call>", "\n", '{"name": "', name, '", "arguments": {"city": ', '"Paris"}}', "\n",
+            "</tool_call>"]
+
+
 def default_reply(request: GenerateRequest) -> list[str]:
+    if request.tools:
+        return tool_reply(request.tools[0]["function"]["name"])
     if request.messages is not None:
         return list(THINKING_REPLY if request.enable_thinking else PLAIN_REPLY)
     return list(COMPLETION_REPLY)
@@ -198,7 +207,8 @@ class FakeTokenizer:
         else:
             text = request.prompt if request.prompt is not None else render_chatml(
                 [template_message(t) for t in request.messages or []],
-                add_generation_prompt=request.add_generation_prompt, enable_thinking=request.enable_thinking)
+                add_generation_prompt=request.add_generation_prompt, enable_thinking=request.enable_thinking,
+                tools=request.tools)
             prompt_ids = [ord(c) % 100_000 for c in text]
         try:
             params = fit_to_context(request.params, len(prompt_ids), self.max_model_len,

@@ -74,7 +74,7 @@ MALFORMED = [
     ("chat", {"messages": [{"role": "user", "content": "x", "mood": "happy"}]}, 400, "messages[0].mood",
      "unrecognized message field"),
     ("chat", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]}, 400,
-     "messages[0].tool_calls", "tool calls are not supported"),
+     "messages[0].tool_calls[0].function", "'function': {'name'"),
     ("chat", {"messages": [{"role": "user", "content": "x", "reasoning_content": "hm"}]}, 400,
      "messages[0].reasoning_content", "on an assistant message"),
     # sampling fields: types
@@ -134,8 +134,8 @@ MALFORMED = [
     ("completions", {**COMPLETION, "max_tokens": 0}, 400, "max_tokens", ">= 1"),
     ("completions", {**COMPLETION, "suffix": "end"}, 400, "suffix", "not supported"),
     ("completions", {**COMPLETION, "logit_bias": {"50256": -100}}, 400, "logit_bias", "not supported"),
-    ("chat", {**CHAT, "tools": [{"type": "function"}]}, 400, "tools", "tools are not supported"),
-    ("chat", {**CHAT, "tool_choice": "required"}, 400, "tool_choice", "not supported"),
+    ("chat", {**CHAT, "tools": [{"type": "function"}]}, 400, "tools[0].function", "must be an object"),
+    ("chat", {**CHAT, "tool_choice": "required"}, 400, "tool_choice", "constrained decoding"),
     ("chat", {**CHAT, "response_format": {"type": "json_object"}}, 400, "response_format", "'text'"),
 ]
 

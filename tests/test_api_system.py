@@ -80,6 +80,20 @@ def test_chat_usage_counts_the_real_tokens(system):
     assert get(port, "/health").status == 200
 
 
+def test_tools_reach_the_prompt_through_the_tokenizer_process(system):
+    port, _ = system
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    earlier_call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}
+    messages = [*HELLO, earlier_call, {"role": "tool", "tool_call_id": "c1", "content": "noon"}]
+    reply = post(port, "/v1/chat/completions", {"model": "tiny", "messages": messages, "tools": tools,
+                                                "max_tokens": 2, "temperature": 0})
+    assert reply.status == 200, reply
+    expected = load_tokenizer(None).encode(render_chatml(messages, tools=tools))
+    assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+    assert reply.json()["choices"][0]["finish_reason"] == "length"  # random weights call nothing
+
+
 def test_streamed_greedy_text_equals_whole_and_the_native_clients(system):
     port, address = system
     body = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}

@@ -105,9 +105,9 @@ def test_malformed_content_names_the_field(content, field):
         render_chatml([{"role": "user", "content": content}])
 
 
-def test_tool_calls_are_refused_rather_than_dropped():
-    messages = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]
-    with pytest.raises(ValueError, match=r"messages\[0\]\.tool_calls"):
+def test_malformed_tool_calls_name_the_message():
+    messages = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}]
+    with pytest.raises(ValueError, match=r"messages\[0\]\.tool_calls\[0\]"):
         render_chatml(messages)
 
 

@@ -178,8 +178,8 @@ def test_hf_directory_chat_template_is_used_with_enable_thinking(hf):
     assert no_prompt == "<|im_start|>user\na\nb<|im_end|>\n"
 
 
-def test_hf_directory_template_gets_messages_the_builtin_one_refuses(hf):
-    # A model's own template may render tool calls; only the content is flattened for it.
+def test_hf_directory_template_gets_tool_calls_as_sent_and_flat_contents(hf):
+    # A model's own template renders tool calls its own way; only the content is flattened for it.
     messages = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]
     assert (
         hf.apply_chat_template(messages, add_generation_prompt=False) == "<|im_start|>assistant\n<|im_end|>\n"
@@ -225,3 +225,13 @@ def test_rank_file_errors_name_the_file_and_line(tmp_path):
         load_bpe_ranks(bad)
     with pytest.raises(TokenizerError, match="cannot read"):
         load_bpe_ranks(tmp_path / "missing.tiktoken")
+
+
+def test_hf_directory_template_gets_the_tools(hf):
+    template = hf._hf.chat_template
+    hf._hf.chat_template = "{% for t in tools %}{{ t.function.name }};{% endfor %}{{ messages[0].content }}"
+    try:
+        tools = [{"type": "function", "function": {"name": name}} for name in "ab"]
+        assert hf.apply_chat_template([{"role": "user", "content": "q"}], tools=tools) == "a;b;q"
+    finally:
+        hf._hf.chat_template = template

@@ -2,7 +2,7 @@
 
 Used by tokenizers whose directory has no chat template of its own (and by the built-in
 vocabulary), in the tokenizer process: a chat becomes ChatML there and nowhere else. It renders
-what the Qwen3 checkpoints' jinja template renders for chats without tools:
+what the Qwen3 checkpoints' jinja template renders:
 
 - each system/user turn is `<|im_start|>{role}\\n{content}<|im_end|>\\n`;
 - an assistant turn's reasoning is its `reasoning_content` when given (clients send it apart from
@@ -11,18 +11,29 @@ what the Qwen3 checkpoints' jinja template renders for chats without tools:
   content, the newlines after it); those after it, in a tool loop, keep it as
   `<think>\\n{reasoning}\\n</think>\\n\\n`;
 - consecutive tool results become one user turn of `<tool_response>` blocks;
+- with tools, the system turn (the client's system message, if it comes first, then two newlines)
+  lists them as JSON lines inside `<tools>` and says how to call them; an assistant turn's function
+  calls follow its answer as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>` blocks
+  (a newline between blocks, and before the first when the answer is not empty);
 - the generation prompt is `<|im_start|>assistant\\n`, followed by an empty think block
   `<think>\\n\\n</think>\\n\\n` when thinking is disabled.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 ROLES = ("system", "user", "assistant", "tool")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+_TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+_TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and "
+                "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n')
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,7 @@ class ChatMessage:
     role: str
     content: str
     reasoning_content: str | None = None  # an assistant's reasoning, when given apart from content
+    tool_calls: tuple[tuple[str, str], ...] = ()  # an assistant's function calls: (name, arguments JSON)
 
 
 def normalize_content(content: object, index: int, role: object = None) -> str:
@@ -82,19 +94,40 @@ def parse_messages(messages: Sequence[Mapping]) -> list[ChatMessage]:
             raise ValueError(
                 f"messages[{index}] has unknown role {role!r}; expected one of {', '.join(ROLES)}"
             )
-        if message.get("tool_calls"):
-            raise ValueError(
-                f"messages[{index}].tool_calls cannot be rendered by the built-in chat template; serve a "
-                f"model directory whose tokenizer has a chat template"
-            )
+        tool_calls = _parse_tool_calls(message.get("tool_calls"), index)
         reasoning = message.get("reasoning_content")
         if reasoning is not None and not isinstance(reasoning, str):
             raise ValueError(
                 f"messages[{index}].reasoning_content must be a string, got {type(reasoning).__name__}"
             )
         content = normalize_content(message.get("content"), index, role)
-        parsed.append(ChatMessage(role, content, reasoning))
+        parsed.append(ChatMessage(role, content, reasoning, tool_calls))
     return parsed
+
+
+def _parse_tool_calls(calls: object, index: int) -> tuple[tuple[str, str], ...]:
+    """(name, arguments as JSON text) of each call, given as OpenAI's {"type": "function",
+    "function": {"name", "arguments"}} or as {"name", "arguments"}; arguments a string or an object."""
+    if not calls:
+        return ()
+    if not isinstance(calls, Sequence) or isinstance(calls, str):
+        raise ValueError(f"messages[{index}].tool_calls must be a list, got {type(calls).__name__}")
+    parsed = []
+    for number, call in enumerate(calls):
+        where = f"messages[{index}].tool_calls[{number}]"
+        function = call.get("function", call) if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ValueError(f"{where} must be an object with function.name a string")
+        arguments = function.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = to_json(arguments)
+        parsed.append((function["name"], arguments))
+    return tuple(parsed)
+
+
+def to_json(value: object) -> str:
+    """JSON text as the chat template's `tojson` writes it: non-ASCII kept, ", " and ": " separators."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _last_query_index(messages: Sequence[ChatMessage]) -> int:
@@ -123,11 +156,21 @@ def split_reasoning(message: ChatMessage) -> tuple[str, str]:
 def _render_assistant(message: ChatMessage, keep_reasoning: bool, is_last: bool) -> str:
     reasoning, answer = split_reasoning(message)
     if keep_reasoning and (is_last or reasoning):
-        reasoning, answer = reasoning.strip("\n"), answer.lstrip("\n")
-        body = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{answer}"
+        reasoning, shown = reasoning.strip("\n"), answer.lstrip("\n")
+        body = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{shown}"
     else:
         body = answer
+    calls = [f'{TOOL_CALL_OPEN}\n{{"name": "{name}", "arguments": {arguments}}}\n{TOOL_CALL_CLOSE}'
+             for name, arguments in message.tool_calls]
+    if calls:
+        body += ("\n" if answer else "") + "\n".join(calls)
     return f"<|im_start|>assistant\n{body}<|im_end|>\n"
+
+
+def _render_tools(tools: Sequence[Mapping], chat: Sequence[ChatMessage]) -> str:
+    system = f"{chat[0].content}\n\n" if chat and chat[0].role == "system" else ""
+    listed = "".join(f"\n{to_json(tool)}" for tool in tools)
+    return f"<|im_start|>system\n{system}{_TOOLS_INTRO}{listed}{_TOOLS_OUTRO}"
 
 
 def _render_tool(messages: Sequence[ChatMessage], index: int) -> str:
@@ -141,13 +184,19 @@ def _render_tool(messages: Sequence[ChatMessage], index: int) -> str:
 
 
 def render_chatml(
-    messages: Sequence[Mapping], add_generation_prompt: bool = True, enable_thinking: bool = True
+    messages: Sequence[Mapping],
+    add_generation_prompt: bool = True,
+    enable_thinking: bool = True,
+    tools: Sequence[Mapping] | None = None,
 ) -> str:
-    """The Qwen3 prompt text for a chat (see the module docstring for the format)."""
+    """The Qwen3 prompt text for a chat, with the functions in `tools` offered to the model (see the
+    module docstring for the format)."""
     chat = parse_messages(messages)
     last_query = _last_query_index(chat)
-    parts = []
+    parts = [_render_tools(tools, chat)] if tools else []
     for index, message in enumerate(chat):
+        if tools and index == 0 and message.role == "system":
+            continue  # inside the tools' system turn
         if message.role == "assistant":
             is_last = index == len(chat) - 1
             parts.append(_render_assistant(message, keep_reasoning=index > last_query, is_last=is_last))

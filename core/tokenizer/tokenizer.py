@@ -52,12 +52,15 @@ class Tokenizer(ABC):
         """The bytes one token stands for: possibly part of a UTF-8 character."""
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping], add_generation_prompt: bool = True, enable_thinking: bool = True
+        self,
+        messages: Sequence[Mapping],
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+        tools: Sequence[Mapping] | None = None,
     ) -> str:
-        """The prompt text for a chat, in the built-in Qwen3 ChatML form unless overridden."""
-        return render_chatml(
-            messages, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking
-        )
+        """The prompt text for a chat offering `tools`, in the built-in Qwen3 ChatML form unless
+        overridden."""
+        return render_chatml(messages, add_generation_prompt, enable_thinking, tools)
 
 
 @cache
@@ -155,14 +158,19 @@ class HFTokenizer(Tokenizer):
             ) from exc
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping], add_generation_prompt: bool = True, enable_thinking: bool = True
+        self,
+        messages: Sequence[Mapping],
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+        tools: Sequence[Mapping] | None = None,
     ) -> str:
         if self._hf.chat_template is None:
-            return super().apply_chat_template(messages, add_generation_prompt, enable_thinking)
+            return super().apply_chat_template(messages, add_generation_prompt, enable_thinking, tools)
         flat = flatten_contents(messages)
         try:
             text = self._hf.apply_chat_template(
                 flat,
+                tools=list(tools) if tools else None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 enable_thinking=enable_thinking,
