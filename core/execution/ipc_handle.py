@@ -14,7 +14,9 @@ import json
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-_CLASSES = {f"{c.__module__}.{c.__qualname__}": c for c in (torch.Tensor, torch.UntypedStorage)}
+# The classes torch names in a CUDA tensor's handle: the tensor's, and its storage's (typed in torch 2.x).
+_CLASSES = {f"{c.__module__}.{c.__qualname__}": c
+            for c in (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)}
 
 
 def share(tensor: torch.Tensor) -> bytes:

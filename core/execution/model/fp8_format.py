@@ -45,9 +45,10 @@ def dequantize_weight(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Te
 
 
 def quantize_activations_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (fp8 [M, K], scales [M, ceil(K/128)]): one scale per token and 128 columns."""
+    """x [M, K] -> (fp8 [M, K], scales [M, ceil(K/128)]): one scale per token and 128 columns, computed
+    in float32 whatever x's dtype (as the kernels do: a bf16 scale and division would round twice)."""
     m, k = x.shape
-    groups = _blocks(x, 1, BLOCK)  # [M, 1, G, 128]
+    groups = _blocks(x.float(), 1, BLOCK)  # [M, 1, G, 128]
     scale = groups.abs().amax(dim=3, keepdim=True).clamp(min=MIN_AMAX) / FP8_MAX
     quantized = (groups / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return quantized.view(m, -1)[:, :k].contiguous(), scale[:, 0, :, 0].contiguous()

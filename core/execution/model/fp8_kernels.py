@@ -32,7 +32,7 @@ import triton.language as tl
 from core.execution.model.fp8_format import BLOCK, FP8_DTYPE, FP8_MAX, MIN_AMAX
 
 # 1.5 * 2**23: adding and subtracting it rounds a float32 of magnitude < 2**22 to an integer, ties to even.
-_ROUNDING_MAGIC = 12582912.0
+_ROUNDING_MAGIC = tl.constexpr(12582912.0)  # a constexpr: compiled kernels read no other globals
 
 
 @triton.jit
