@@ -5,21 +5,25 @@ FP8 linears.
 
 Tolerances, and why:
 * Activation quantization: bit for bit. The kernel divides in IEEE float32 (div_rn) and rounds to
-  nearest even, as torch does on the GPU.
-* GEMM, bf16 output: max |kernel - reference| <= 5e-3 * max |reference|. Both multiply the same fp8
-  values and scales; they differ in the order of float32 sums (K <= 17,408: ~1e-6 relative) and in
-  the kernel's one rounding to bf16 (at most 2**-9 of the largest output, 2e-3).
-* The 14B-shape model: the same FP8 weights with the Triton GEMMs, against exact float32 GEMMs
-  (`reference_matmul`), the rest of the model in bf16 in both. A one-layer cut: max relative logits
-  error <= 2 % (one layer of bf16 rounding differences, as the one-layer cut of the bf16 parity run
-  in benchmarks/NOTES.md). All 40 layers: a random 40-layer network amplifies rounding (bf16 against
-  float32 gave mean 6.3 % / max 7.5 % and 88 % greedy agreement, NOTES.md 2026-12-02), and a
-  difference that moves an activation across an e4m3 rounding boundary moves it by up to 1/16, so
-  the bound is the bf16 parity figure's: mean relative error <= 8 %, greedy agreement >= 80 %.
-* Decode CUDA graphs: the graph replays the eager kernels, so logits agree within 1e-4 relative
-  (the bound tests/gpu/test_gpu_decode_graphs.py uses).
+  nearest even, as the float32 reference does.
+* GEMM, bf16 output: max |kernel - reference| <= 1e-2 * max |reference| and mean <= 2e-3 * mean.
+  Both multiply the same fp8 values and scales. On the H200 the Triton GEMM and torch's cuBLAS
+  block-scaled scaled_mm both came out 0.53-0.67 % (max) from the float32 reference, more than the
+  bf16 rounding (2**-9 of the largest output) explains: the FP8 tensor cores accumulate a 128-wide
+  K step with less than float32's precision. The two are also held to that bound against each other.
+* The model against exact float32 GEMMs, and graphs against eager: FP8 activation quantization is
+  discontinuous, so two correct implementations that differ in the last bits anywhere upstream
+  differ by percents in the logits (tests/fp8_noise.py; its premise is checked on the CPU by
+  tests/test_fp8_noise_floor.py). Each such test measures that noise floor on the same model and
+  inputs, with the exact GEMMs' outputs nudged by a known amount, and asks for no more than it
+  (a fault, such as a wrong scale or stale rows, moves logits by far more):
+  - the Triton GEMMs against exact ones: no further than a 5e-3 nudge of the exact GEMMs moves them
+    (about the GEMMs' own difference), times 1.5;
+  - decode graphs against eager with the Triton GEMMs: no further than a 1e-7 nudge, times 3 (the
+    graph's attention may differ from eager's in the last bits); with the dequantizing GEMM, which
+    keeps the activations, graphs and eager agree within 1e-4 as the bf16 graphs do.
 
-    pytest tests/gpu/test_gpu_fp8.py -v
+    pytest tests/gpu/test_gpu_fp8.py -v -s
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from fp8_noise import (
+    decode_plans,
+    exact_gemm,
+    max_relative,
+    mean_relative,
+    nudged,
+    step_logits,
+    use_gemm,
+)
 from plans import Chunk, make_plan
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -36,20 +49,20 @@ from core.execution.model.fp8_format import (
     quantize_weight,
     reference_matmul,
 )
-from core.execution.model.fp8_gemm import scaled_mm_gemm, triton_gemm
+from core.execution.model.fp8_gemm import ENV, scaled_mm_gemm, triton_gemm
 from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
-from core.execution.model.fp8_linear import Fp8LinearMethod
 from core.execution.runner import ModelRunner
 
 # Qwen3-14B's linear layers at TP=1: (name, N, K).
 SHAPES = [("qkv_proj", 7168, 5120), ("o_proj", 5120, 5120), ("gate_up_proj", 34816, 5120),
           ("down_proj", 5120, 17408)]
-GEMM_TOLERANCE = 5e-3
+GEMM_MAX_ERROR, GEMM_MEAN_ERROR = 1e-2, 2e-3
 BLOCK_SIZE = 16
 
 
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
+def assert_gemm_close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    worst, mean = max_relative(got, expected), mean_relative(got, expected)
+    assert worst <= GEMM_MAX_ERROR and mean <= GEMM_MEAN_ERROR, f"max {worst:.3%}, mean {mean:.3%}"
 
 
 def inputs(m: int, n: int, k: int, seed: int = 0):
@@ -75,7 +88,7 @@ def test_triton_gemm_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
     q, scales = quantize_activations(x)
     out = block_fp8_matmul(q, scales, weight, scale_inv, torch.bfloat16)
     assert out.dtype == torch.bfloat16
-    assert relative_error(out, reference_matmul(x.float(), weight, scale_inv)) <= GEMM_TOLERANCE
+    assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
     assert torch.equal(triton_gemm(x, weight, scale_inv), out)
 
 
@@ -87,7 +100,8 @@ def test_scaled_mm_with_block_scales_equals_the_reference_where_torch_has_it(nam
         out = scaled_mm_gemm(x, weight, scale_inv)
     except (AttributeError, ImportError, RuntimeError, TypeError) as exc:
         pytest.skip(f"torch {torch.__version__} has no block-scaled scaled_mm here: {str(exc)[:200]}")
-    assert relative_error(out, reference_matmul(x.float(), weight, scale_inv)) <= GEMM_TOLERANCE
+    assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
+    assert_gemm_close(triton_gemm(x, weight, scale_inv), out)  # two implementations, one answer
 
 
 # --- the model ------------------------------------------------------------------------------------
@@ -103,10 +117,6 @@ def fp8_14b_runner(num_layers: int | None = None, **engine) -> ModelRunner:
     return ModelRunner(config, num_pages=512, show_progress=False)
 
 
-def exact_float32_gemm(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    return reference_matmul(x.float(), weight, scale_inv).to(x.dtype)
-
-
 def logits_of(runner: ModelRunner, prompt: list[int], continuation: list[int]) -> torch.Tensor:
     pages = list(range(-(-(len(prompt) + len(continuation)) // BLOCK_SIZE)))
     rows = [runner.forward_logits(make_plan([Chunk(prompt, 0, pages)], BLOCK_SIZE))[0][0]]
@@ -116,22 +126,27 @@ def logits_of(runner: ModelRunner, prompt: list[int], continuation: list[int]) -
     return torch.stack(rows).float()
 
 
-def with_gemm(runner: ModelRunner, gemm) -> None:
-    for module in runner.model.modules():
-        method = getattr(module, "linear_method", None)
-        if isinstance(method, Fp8LinearMethod):
-            method.gemm = gemm
-
-
-@pytest.mark.parametrize("num_layers,max_error", [(1, 0.02)])
-def test_one_layer_of_the_14b_shape_in_fp8_equals_exact_gemms(num_layers, max_error):
-    runner = fp8_14b_runner(num_layers=num_layers, enforce_eager=True)
-    rng = np.random.default_rng(0)
-    prompt, continuation = rng.integers(0, 151_000, 512).tolist(), rng.integers(0, 151_000, 8).tolist()
+def triton_against_exact(runner: ModelRunner, prompt: list[int], continuation: list[int]
+                         ) -> tuple[float, float]:
+    """(mean relative logit error of the Triton GEMMs against exact ones, the same for exact GEMMs
+    nudged by 5e-3): the error and the noise floor it is judged against."""
     ours = logits_of(runner, prompt, continuation)
-    with_gemm(runner, exact_float32_gemm)
-    reference = logits_of(runner, prompt, continuation)
-    assert relative_error(ours, reference) <= max_error
+    use_gemm(runner, exact_gemm)
+    exact = logits_of(runner, prompt, continuation)
+    use_gemm(runner, nudged(exact_gemm, 5e-3))
+    noise = logits_of(runner, prompt, continuation)
+    error, floor = mean_relative(ours, exact), mean_relative(noise, exact)
+    print(f"\nFP8 Triton GEMMs vs exact: mean relative logit error {error:.3%}, max "
+          f"{max_relative(ours, exact):.3%}; exact GEMMs nudged by 5e-3: {floor:.3%}")
+    return error, floor
+
+
+def test_one_layer_of_the_14b_shape_in_fp8_tracks_exact_gemms():
+    runner = fp8_14b_runner(num_layers=1, enforce_eager=True)
+    rng = np.random.default_rng(0)
+    error, floor = triton_against_exact(runner, rng.integers(0, 151_000, 512).tolist(),
+                                        rng.integers(0, 151_000, 8).tolist())
+    assert error <= 1.5 * floor
 
 
 def test_the_14b_shape_in_fp8_holds_fp8_weights_and_tracks_exact_gemms():
@@ -142,37 +157,38 @@ def test_the_14b_shape_in_fp8_holds_fp8_weights_and_tracks_exact_gemms():
     assert down.weight.dtype == FP8_DTYPE and down.weight_scale_inv.shape == (40, 136)
     assert linear_bytes < 13.5e9, f"the linear weights take {linear_bytes / 1e9:.1f} GB, not ~13.3 in FP8"
     rng = np.random.default_rng(1)
-    prompt, continuation = rng.integers(0, 151_000, 512).tolist(), rng.integers(0, 151_000, 16).tolist()
-    ours = logits_of(runner, prompt, continuation)
-    with_gemm(runner, exact_float32_gemm)
-    reference = logits_of(runner, prompt, continuation)
-    mean_error = float((ours - reference).abs().mean() / reference.abs().mean())
-    agreement = float((ours.argmax(-1) == reference.argmax(-1)).float().mean())
-    print(f"14B FP8 vs exact GEMMs: mean relative error {mean_error:.3%}, max "
-          f"{relative_error(ours, reference):.3%}, greedy agreement {agreement:.0%}")
-    assert mean_error <= 0.08 and agreement >= 0.8
+    error, floor = triton_against_exact(runner, rng.integers(0, 151_000, 512).tolist(),
+                                        rng.integers(0, 151_000, 16).tolist())
+    assert error <= 1.5 * floor
+
+
+def tiny_fp8_runner(eager: bool) -> ModelRunner:
+    model = ModelConfig.from_name("qwen3-tiny", dtype="float32").quantized_at_load("fp8")
+    config = EngineConfig(model=model, cache=CacheConfig(block_size=BLOCK_SIZE, num_pages=2048),
+                          scheduler=SchedulerConfig(max_model_len=1024, max_num_seqs=40), device="cuda",
+                          enforce_eager=eager)
+    return ModelRunner(config, show_progress=False)
 
 
 @pytest.mark.parametrize("batch", [1, 5, 40])
-def test_decode_graphs_with_fp8_linears_give_the_eager_logits(batch):
-    def runner(eager: bool) -> ModelRunner:
-        model = ModelConfig.from_name("qwen3-tiny", dtype="float32").quantized_at_load("fp8")
-        config = EngineConfig(model=model, cache=CacheConfig(block_size=BLOCK_SIZE, num_pages=2048),
-                              scheduler=SchedulerConfig(max_model_len=1024, max_num_seqs=40), device="cuda",
-                              enforce_eager=eager)
-        return ModelRunner(config, show_progress=False)
-
-    graphs, eager = runner(False), runner(True)
+def test_decode_graphs_with_the_dequantizing_gemm_replay_eagers_numbers(batch, monkeypatch):
+    monkeypatch.setenv(ENV, "dequant")  # chosen when the layers are built, before the graphs are captured
+    graphs, eager = tiny_fp8_runner(eager=False), tiny_fp8_runner(eager=True)
     assert graphs.graphs is not None
-    rng = np.random.default_rng(batch)
-    lengths = rng.integers(1, 300, batch)
-    pages = [list(range(i * 30, i * 30 + 30)) for i in range(batch)]
-    prompts = [rng.integers(0, 150_000, n).tolist() for n in lengths]
-    plans = [make_plan([Chunk(p, 0, pg) for p, pg in zip(prompts, pages)], BLOCK_SIZE, step_id=0)]
-    for step in range(1, 5):
-        plans.append(make_plan([Chunk([int(rng.integers(0, 150_000))], int(n) + step - 1, pg)
-                                for n, pg in zip(lengths, pages)], BLOCK_SIZE, step_id=step))
-    for plan in plans:
-        ours, _ = graphs.forward_logits(plan)
-        theirs, _ = eager.forward_logits(plan)
-        assert relative_error(ours, theirs) < 1e-4, f"step {plan.step_id}: graph and eager FP8 logits differ"
+    plans = decode_plans(batch, seed=batch)
+    for step, (ours, theirs) in enumerate(zip(step_logits(graphs, plans), step_logits(eager, plans))):
+        assert max_relative(ours, theirs) < 1e-4, f"step {step}: graph and eager logits differ"
+
+
+@pytest.mark.parametrize("batch", [1, 5, 40])
+def test_decode_graphs_with_triton_fp8_gemms_stay_within_the_noise_floor(batch):
+    graphs, eager, nudge = (tiny_fp8_runner(eager=False), tiny_fp8_runner(eager=True),
+                            tiny_fp8_runner(eager=True))
+    assert graphs.graphs is not None
+    use_gemm(nudge, nudged(triton_gemm, 1e-7))
+    plans = decode_plans(batch, seed=batch)
+    reference = step_logits(eager, plans)
+    floor = max(max_relative(n, r) for n, r in zip(step_logits(nudge, plans), reference))
+    difference = max(max_relative(g, r) for g, r in zip(step_logits(graphs, plans), reference))
+    print(f"\nbatch {batch}: Triton FP8 graph vs eager {difference:.3%}; eager nudged by 1e-7 {floor:.3%}")
+    assert difference <= max(3 * floor, 1e-4)
