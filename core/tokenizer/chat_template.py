@@ -13,7 +13,7 @@ what the Qwen3 checkpoints' jinja template renders:
 - consecutive tool results become one user turn of `<tool_response>` blocks;
 - with tools, the system turn (the client's system message, if it comes first, then two newlines)
   lists them as JSON lines inside `<tools>` and says how to call them; an assistant turn's function
-  calls follow its answer as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>` blocks
+  calls follow its answer as `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>` blocks
   (a newline between blocks, and before the first when the answer is not empty);
 - the generation prompt is `<|im_start|>assistant\\n`, followed by an empty think block
   `<think>\\n\\n</think>\\n\\n` when thinking is disabled.
