@@ -62,6 +62,13 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--strict-request-fields", action="store_true",
                        help="refuse (400) request fields this server does not know (default: ignore them "
                             "with one warning per field name, as vLLM does)")
+    # Function calling is always on (api/tool_fields.py); vLLM's and SGLang's flags for it are accepted
+    # so that their command lines run unchanged. Every name reads Qwen3's <tool_call> JSON blocks.
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="accepted for vLLM's command lines; tool_choice auto is always served")
+    group.add_argument("--tool-call-parser", default="hermes", choices=("hermes", "qwen25", "qwen"),
+                       help="how a reply's function calls are read: Qwen3's <tool_call> blocks, under "
+                            "vLLM's name (hermes) or SGLang's (qwen25, qwen)")
     group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     group.add_argument("--access-log", action="store_true", help="log every HTTP request (default: off)")
 

@@ -32,6 +32,16 @@ def test_serve_flags_and_their_defaults():
         "0.0.0.0", 9001, "k", "tiny", "qwen3-tiny")
 
 
+def test_vllm_and_sglang_function_calling_flags_are_accepted(capsys):
+    parse = cli.build_parser().parse_args
+    args = parse(["serve", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    assert args.enable_auto_tool_choice and args.tool_call_parser == "hermes"
+    assert parse(["serve", "--tool-call-parser", "qwen25"]).tool_call_parser == "qwen25"
+    with pytest.raises(SystemExit):
+        parse(["serve", "--tool-call-parser", "mistral"])
+    assert "invalid choice: 'mistral'" in capsys.readouterr().err
+
+
 def test_a_command_is_required():
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args([])
