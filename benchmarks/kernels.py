@@ -5,6 +5,7 @@
     python -m benchmarks.kernels --out kernels.json [--sweep]
     python -m benchmarks.kernels --fp8 --out kernels_fp8.json      # and the FP8 GEMMs
     python -m benchmarks.kernels --fp8-only --out kernels_fp8.json
+    python -m benchmarks.kernels --fp8-only --fp8-batches 1,8,64    # the decode sizes alone, quicker
 
 Bytes are what the kernel must move at least: K/V of every context token read once, Q read and O
 written (the KV write: K/V rows read and written). Two times per row, both medians:
@@ -31,7 +32,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
-from benchmarks.lib.fp8_gemm_cases import all_gemm_rows, print_gemm_table, sweep_gemm_tiles
+from benchmarks.lib.fp8_gemm_cases import BATCHES, all_gemm_rows, print_gemm_table, sweep_gemm_tiles
 from core.execution.attention.backend import AttentionMetadata, write_kv
 from core.execution.attention.reference import ReferenceAttention
 from core.execution.attention.triton_backend import TritonAttention
@@ -263,6 +264,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time split counts and tile shapes")
     parser.add_argument("--fp8", action="store_true", help="also time the FP8 GEMMs against bf16")
     parser.add_argument("--fp8-only", action="store_true", help="time the FP8 GEMMs against bf16 only")
+    parser.add_argument("--fp8-batches", default=",".join(map(str, BATCHES)),
+                        help="the token counts M the FP8 GEMMs are timed at (default: %(default)s)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.kernels needs a CUDA GPU")
@@ -278,7 +281,8 @@ def main() -> None:
             del step
         for case, requests in EXTEND_CASES:
             rows.append(attention_row("extend", case, build_step(requests), backend))
-    gemm_rows = all_gemm_rows() if args.fp8 or args.fp8_only else []
+    batches = tuple(int(m) for m in args.fp8_batches.split(","))
+    gemm_rows = all_gemm_rows(batches) if args.fp8 or args.fp8_only else []
 
     sweep = []
     if args.sweep and gemm_rows:

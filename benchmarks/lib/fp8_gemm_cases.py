@@ -116,10 +116,16 @@ def gemm_rows(layer: str, m: int, n: int, k: int, device: str = "cuda") -> list[
 
 
 def all_gemm_rows(batches: tuple[int, ...] = BATCHES) -> list[GemmRow]:
+    """Every layer at every batch size; each row is also printed as it is measured, so a run cut
+    short by a timeout still leaves its figures."""
     rows = []
     for layer, n, k in QWEN3_14B_LINEARS:
         for m in batches:
-            rows += gemm_rows(layer, m, n, k)
+            for row in gemm_rows(layer, m, n, k):
+                us = row.graph_us or row.do_bench_us
+                print(f"  {layer} M={m} {row.path}: {'-' if us is None else f'{us:.1f} us'} {row.note}",
+                      flush=True)
+                rows.append(row)
             torch.cuda.empty_cache()
     return rows
 
