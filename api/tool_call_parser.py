@@ -46,6 +46,7 @@ class ToolCallParser:
         self._parallel = parallel
         self._held = ""  # text not yet known to be content, or the body of an open block
         self._in_call = False
+        self._searched = 0  # in a block: how much of _held is known to hold no closing tag
         self.num_calls = 0
 
     def feed(self, text: str) -> Parsed:
@@ -54,8 +55,9 @@ class ToolCallParser:
         calls: list[dict[str, Any]] = []
         while True:
             if self._in_call:
-                end = self._held.find(TOOL_CALL_CLOSE)
-                if end < 0:
+                end = self._held.find(TOOL_CALL_CLOSE, self._searched)
+                if end < 0:  # a long block streams in token by token: search only what is new
+                    self._searched = max(0, len(self._held) - len(TOOL_CALL_CLOSE) + 1)
                     return Parsed("".join(content), calls)
                 body, self._held = self._held[:end], self._held[end + len(TOOL_CALL_CLOSE):]
                 self._in_call = False
@@ -65,7 +67,7 @@ class ToolCallParser:
             if start >= 0:
                 self._emit(self._held[:start], content)
                 self._held = self._held[start + len(TOOL_CALL_OPEN):]
-                self._in_call = True
+                self._in_call, self._searched = True, 0
                 continue
             keep = partial_suffix(self._held, TOOL_CALL_OPEN)
             if self.num_calls and not self._held[:len(self._held) - keep].strip():
