@@ -39,7 +39,8 @@ def parse_tool_fields(fields: BodyFields) -> ToolSettings:
     tools = _parse_tools(fields.get("tools"))
     choice = fields.get("tool_choice")
     if choice is not None and choice not in ("auto", "none"):
-        forced = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        function = choice.get("function") if isinstance(choice, dict) else None
+        forced = function.get("name") if isinstance(function, dict) else None
         what = f"the function {forced!r}" if isinstance(forced, str) else describe(choice)
         if choice == "required" or isinstance(forced, str):
             raise invalid("tool_choice", f"tool_choice {what} would force a call, which needs constrained "

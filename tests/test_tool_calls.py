@@ -149,6 +149,7 @@ def test_tools_travel_to_the_tokenizer_and_choice_none_takes_them_away():
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
      "tool_choice", "'get_weather'"),
     ({"tool_choice": "sometimes"}, "tool_choice", "must be"),
+    ({"tool_choice": {"type": "function", "function": "get_weather"}}, "tool_choice", "must be"),
     ({"tools": {"a": 1}}, "tools", "array"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type", "function tool"),
     ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools[0].function.name", "name"),
