@@ -6,11 +6,12 @@ FP8 linears.
 Tolerances, and why:
 * Activation quantization: bit for bit. The kernel divides in IEEE float32 (div_rn) and rounds to
   nearest even, as the float32 reference does.
-* GEMM, bf16 output: max |kernel - reference| <= 1e-2 * max |reference| and mean <= 2e-3 * mean.
+* GEMM, bf16 output: max |kernel - reference| <= 1e-2 * max |reference| and mean <= 5e-3 * mean.
   Both multiply the same fp8 values and scales. On the H200 the Triton GEMM and torch's cuBLAS
-  block-scaled scaled_mm both came out 0.53-0.67 % (max) from the float32 reference, more than the
-  bf16 rounding (2**-9 of the largest output) explains: the FP8 tensor cores accumulate a 128-wide
-  K step with less than float32's precision. The two are also held to that bound against each other.
+  block-scaled scaled_mm both came out 0.53-0.67 % (max) from the float32 reference, and on an H100
+  both 0.28-0.34 % (mean), more than the bf16 rounding (about 0.1 % mean) explains: the FP8 tensor
+  cores accumulate a 128-wide K step with less than float32's precision. The two are also held to
+  that bound against each other. The decode GEMV (CUDA cores, float32) gets the same bound.
 * The model against exact float32 GEMMs, and graphs against eager: FP8 activation quantization is
   discontinuous, so two correct implementations that differ in the last bits anywhere upstream
   differ by percents in the logits (tests/fp8_noise.py; its premise is checked on the CPU by
@@ -50,13 +51,14 @@ from core.execution.model.fp8_format import (
     reference_matmul,
 )
 from core.execution.model.fp8_gemm import ENV, scaled_mm_gemm, triton_gemm
+from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
 from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
 from core.execution.runner import ModelRunner
 
 # Qwen3-14B's linear layers at TP=1: (name, N, K).
 SHAPES = [("qkv_proj", 7168, 5120), ("o_proj", 5120, 5120), ("gate_up_proj", 34816, 5120),
           ("down_proj", 5120, 17408)]
-GEMM_MAX_ERROR, GEMM_MEAN_ERROR = 1e-2, 2e-3
+GEMM_MAX_ERROR, GEMM_MEAN_ERROR = 1e-2, 5e-3
 BLOCK_SIZE = 16
 
 
@@ -89,10 +91,22 @@ def test_triton_gemm_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
     out = block_fp8_matmul(q, scales, weight, scale_inv, torch.bfloat16)
     assert out.dtype == torch.bfloat16
     assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
-    assert torch.equal(triton_gemm(x, weight, scale_inv), out)
+    if m > GEMV_MAX_M:
+        assert torch.equal(triton_gemm(x, weight, scale_inv), out)
 
 
-@pytest.mark.parametrize("m", [1, 256, 2048])
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
+def test_decode_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
+    x, weight, scale_inv = inputs(m, n, k, seed=n + m)
+    out = triton_gemm(x, weight, scale_inv)
+    assert torch.equal(out, fp8_gemv(x, weight, scale_inv, torch.bfloat16))  # the decode path is the GEMV
+    assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
+    q, scales = quantize_activations(x)
+    assert_gemm_close(out, block_fp8_matmul(q, scales, weight, scale_inv, torch.bfloat16))
+
+
+@pytest.mark.parametrize("m", [9, 16, 64, 256, 2048])
 @pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
 def test_scaled_mm_with_block_scales_equals_the_reference_where_torch_has_it(name, n, k, m):
     x, weight, scale_inv = inputs(m, n, k, seed=n + m)

@@ -49,7 +49,9 @@ def quantize_activations_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch
     in float32 whatever x's dtype (as the kernels do: a bf16 scale and division would round twice)."""
     m, k = x.shape
     groups = _blocks(x.float(), 1, BLOCK)  # [M, 1, G, 128]
-    scale = groups.abs().amax(dim=3, keepdim=True).clamp(min=MIN_AMAX) / FP8_MAX
+    amax = groups.abs().amax(dim=3, keepdim=True).clamp(min=MIN_AMAX)
+    # A tensor divisor: CUDA torch multiplies by the reciprocal of a scalar one, which is not IEEE division.
+    scale = amax / torch.full_like(amax, FP8_MAX)
     quantized = (groups / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return quantized.view(m, -1)[:, :k].contiguous(), scale[:, 0, :, 0].contiguous()
 

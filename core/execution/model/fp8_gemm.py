@@ -5,10 +5,12 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
 
 * `dequant`: the weight dequantized to x's dtype, then one ordinary matmul; the activations stay
   as they are (weight-only quantization). The CPU serves this, and it is the tests' reference.
-* `triton`: activations quantized per token and 128 columns, then the block-scaled FP8 GEMM of
-  fp8_kernels.py, for every M (decode and prefill); up to 16 rows the GEMM quantizes them itself.
-* `scaled_mm`: the same activation quantization, then torch's `scaled_mm` with 1 x 128 and
-  128 x 128 block scales (cuBLASLt; PyTorch >= 2.10 built with CUDA >= 12.9, Hopper).
+* `triton`: up to GEMV_MAX_M rows (decode) the CUDA-core GEMV of fp8_gemv.py, which quantizes the
+  activations itself; above, activations quantized per token and 128 columns, then the
+  block-scaled tensor-core GEMM of fp8_kernels.py (up to 16 rows it quantizes them itself).
+* `scaled_mm`: decode as `triton`; above GEMV_MAX_M rows the same activation quantization, then
+  torch's `scaled_mm` with 1 x 128 and 128 x 128 block scales (cuBLASLt; PyTorch >= 2.10 built
+  with CUDA >= 12.9, Hopper; it refuses a single row).
 
 `CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm) chooses for every FP8 layer of the process;
 auto is triton on a GPU and dequant on the CPU. Which is fastest per shape is measured by
@@ -37,8 +39,11 @@ def dequant_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.
 
 
 def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+    from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
     from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
 
+    if x.shape[0] <= GEMV_MAX_M:  # decode: a weight read, on the CUDA cores
+        return fp8_gemv(x, weight, weight_scale_inv, x.dtype)
     if x.shape[0] <= FUSED_QUANTIZATION_MAX_M:  # decode: the GEMM quantizes its rows itself
         return block_fp8_matmul(x, None, weight, weight_scale_inv, x.dtype)
     x_q, x_scales = quantize_activations(x)
@@ -48,8 +53,11 @@ def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
 def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from torch.nn.functional import ScalingType, SwizzleType
 
+    from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
     from core.execution.model.fp8_kernels import quantize_activations
 
+    if x.shape[0] <= GEMV_MAX_M:
+        return fp8_gemv(x, weight, weight_scale_inv, x.dtype)
     x_q, x_scales = quantize_activations(x, column_major_scales=True)  # scales [M, K/128], stride (1, M)
     # weight.t() is [K, N] column-major; weight_scale_inv.t() is [K/128, N/128] with stride (1, K/128).
     return F.scaled_mm(x_q, weight.t(), x_scales, ScalingType.BlockWise1x128, weight_scale_inv.t(),

@@ -1,0 +1,116 @@
+"""The decode path of the block-scaled FP8 linear layer: a few rows of activations times an FP8 weight,
+on the CUDA cores, streaming the weight once at close to the memory bandwidth.
+
+`fp8_gemv(x, weight, weight_scale_inv, out_dtype)`: x [M, K] unquantized (M small: decode), weight
+fp8 [N, K] with 128 x 128 block scales -> [M, N]. Each program owns BLOCK_N output columns (inside
+one weight block row, so one weight scale per 128 columns of K) and walks K in steps of BLOCK_K:
+it loads the weight tile once, quantizes the activations' 1 x 128 groups exactly as
+`fp8_kernels.quantize_activations` does, and adds sum_k x_q[m, k] * x_scale[m, g] * w_scale[g] *
+w[n, k] in float32 — the definition `fp8_format.reference_matmul` computes, in another order.
+
+Why not the tensor-core GEMM of fp8_kernels.py at batch 1: a tensor-core tile has at least 16 rows,
+so 15 of 16 are padding, and the GEMM's K loop holds one 128-column step in flight; measured on
+an H100 it made the FP8 decode step twice as slow as bf16 (docs/reports, benchmarks/NOTES.md). A
+decode step is a weight read: what matters is many bytes in flight, hence wide K steps and narrow
+column tiles, enough programs to fill every SM without splitting K (no partial sums to add).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from core.execution.model.fp8_format import BLOCK, FP8_MAX, MIN_AMAX
+from core.execution.model.fp8_kernels import _num_sms, _quantize_rows
+
+# Up to this many rows the GEMV serves (fp8_gemm.triton_gemm); above, the tensor-core GEMM.
+GEMV_MAX_M = 8
+
+
+@triton.jit(do_not_specialize=["M", "steps_per_split", "stride_xm", "stride_cs", "stride_cm"])
+def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, steps_per_split, stride_xm, stride_wn,
+                     stride_wsn, stride_wsk, stride_cs, stride_cm,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
+    """c[split, m, n] = this split's sum over K of dequantized x_q[m, k] times dequantized w[n, k]."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    ws_row = ws_ptr + ((pid_n * BLOCK_N) // GROUP) * stride_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first_step = split * steps_per_split
+    last_step = tl.minimum(first_step + steps_per_split, tl.cdiv(K, BLOCK_K))
+    for step in range(first_step, last_step):
+        k = step * BLOCK_K + offs_k
+        mask_k = k < K
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                    other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                    other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]
+        groups = tl.reshape(x, (BLOCK_M * (BLOCK_K // GROUP), GROUP))
+        x_q, x_scale = _quantize_rows(groups, FP8_MAX_, MIN_AMAX_)
+        w_scale = tl.load(ws_row + (step * (BLOCK_K // GROUP) + tl.arange(0, BLOCK_K // GROUP)) * stride_wsk,
+                          mask=(step * BLOCK_K + tl.arange(0, BLOCK_K // GROUP) * GROUP) < K, other=0.0)
+        group_scale = tl.reshape(x_scale, (BLOCK_M, BLOCK_K // GROUP)) * w_scale[None, :]
+        x_d = tl.reshape(x_q, (BLOCK_M, BLOCK_K // GROUP, GROUP)) * group_scale[:, :, None]
+        x_d = tl.reshape(x_d, (BLOCK_M, BLOCK_K))
+        acc += tl.sum(x_d[:, None, :] * w[None, :, :], axis=2)
+    c = c_ptr + split * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+class GemvTiles(NamedTuple):
+    block_m: int  # rows per program: a power of two >= M up to GEMV_MAX_M
+    block_n: int  # divides 128
+    block_k: int  # a multiple of 128
+    split_k: int
+    num_warps: int
+
+
+def gemv_tiles(m: int, n: int, k: int, num_sms: int = 132) -> GemvTiles:
+    """A first guess: narrow column tiles and K steps of up to 512 columns (8 KB of weight per load at
+    BLOCK_N 16; the [BLOCK_M, BLOCK_N, BLOCK_K] product held at most 16 K values, 128 a thread),
+    K split only where the column tiles alone leave SMs idle."""
+    block_m = triton.next_power_of_2(max(m, 1))
+    block_n = 16 if block_m <= 2 else 8
+    block_k = min(512, 16384 // (block_m * block_n))
+    split_k = 1
+    k_steps = triton.cdiv(k, block_k)
+    while triton.cdiv(n, block_n) * split_k < 2 * num_sms and split_k * 2 <= k_steps // 4:
+        split_k *= 2
+    return GemvTiles(block_m, block_n, block_k, split_k, num_warps=4)
+
+
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, out_dtype: torch.dtype,
+             tiles: GemvTiles | None = None) -> torch.Tensor:
+    """x [M, K] (unquantized) times the block-scaled fp8 weight [N, K] transposed -> [M, N] in out_dtype."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert weight.shape[1] == k and x.stride(1) == 1 and weight.stride(1) == 1
+    if tiles is None:
+        tiles = gemv_tiles(m, n, k, _num_sms(x.device))
+    assert BLOCK % tiles.block_n == 0 and tiles.block_k % BLOCK == 0, tiles
+    k_steps = triton.cdiv(k, tiles.block_k)
+    steps_per_split = triton.cdiv(k_steps, tiles.split_k)
+    split_k = triton.cdiv(k_steps, steps_per_split)
+    if split_k == 1:
+        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+        partials = out.unsqueeze(0)
+    else:
+        partials = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, tiles.block_n), split_k, triton.cdiv(m, tiles.block_m))
+    _fp8_gemv_kernel[grid](x, weight, weight_scale_inv, partials, m, n, k, steps_per_split, x.stride(0),
+                           weight.stride(0), weight_scale_inv.stride(0), weight_scale_inv.stride(1),
+                           partials.stride(0), partials.stride(1), BLOCK_M=tiles.block_m,
+                           BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP=BLOCK, FP8_MAX_=FP8_MAX,
+                           MIN_AMAX_=MIN_AMAX, num_warps=tiles.num_warps)
+    if split_k == 1:
+        return out
+    return partials.sum(dim=0).to(out_dtype)
