@@ -1,0 +1,154 @@
+"""Every FP8 GEMM candidate at every Qwen3-14B linear shape, timed as a model step runs it: which path
+and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per row count.
+
+    python -m benchmarks.fp8_tiles --out fp8_tiles.json [--batches 1,2,4,8,16,256,1784,8192]
+
+Per (layer, M): bf16 F.linear, the FP8 decode GEMV with its default tiles and a grid of others
+(M <= 16), the tensor-core GEMM quantizing inside (M <= 16) or after a separate quantization (its
+tile variants from 256 rows), the server's `triton` path and torch's block-scaled `scaled_mm`
+(from 9 rows; cuBLAS refuses one). Each is captured in a CUDA graph of >= 24 calls that rotate
+over enough copies of the weight (>= 200 MB) that every call reads its weight from HBM, not L2, as
+in a model step; the median of 5 replays is the time per call. A path that fails prints why. Each
+line shows the four fastest FP8 candidates with TB/s (weight bytes / time), TFLOP/s and the error
+against `fp8_format.reference_matmul` (max |error| / max |reference|); the JSON has every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.lib.fp8_gemm_cases import QWEN3_14B_LINEARS
+from core.execution.model.fp8_format import quantize_weight, reference_matmul
+from core.execution.model.fp8_gemm import scaled_mm_gemm, triton_gemm
+from core.execution.model.fp8_gemv import GemvTiles, fp8_gemv
+from core.execution.model.fp8_kernels import MatmulTiles, block_fp8_matmul, quantize_activations
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 256, 1784, 8192)
+ROTATED_BYTES = 200e6
+Call = Callable[[int], torch.Tensor]  # copy index -> output
+
+
+def graph_us(call: Call, copies: int) -> tuple[float | None, str]:
+    """Median microseconds per call, replayed from a CUDA graph that rotates over the copies."""
+    try:
+        for i in range(copies):
+            call(i)  # compile and warm up
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            call(0)
+        torch.cuda.synchronize()
+        reps = copies * math.ceil(24 / copies)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for r in range(reps):
+                call(r % copies)
+        graph.replay()
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / reps)
+        return sorted(times)[2], ""
+    except Exception as exc:  # a candidate this torch or GPU refuses is a figure that says why
+        torch.cuda.synchronize()
+        return None, f"{type(exc).__name__}: {str(exc)[:120]}"
+
+
+def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
+               fp8: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Call]:
+    calls: dict[str, Call] = {"bf16": lambda i: F.linear(x, bf16[i])}
+    if m <= 16:
+        calls["dot fused"] = lambda i: block_fp8_matmul(x, None, *fp8[i], torch.bfloat16)
+        calls["gemv"] = lambda i: fp8_gemv(x, *fp8[i], torch.bfloat16)
+        block_m = 1 << (m - 1).bit_length()
+        for block_n, block_k, split_k in itertools.product((8, 16, 32), (256, 512, 1024), (1, 2)):
+            if block_m * block_n * block_k <= 32768:
+                tiles = GemvTiles(block_m, block_n, block_k, split_k, 4)
+                calls[f"gemv n{block_n} k{block_k} s{split_k}"] = (
+                    lambda i, tiles=tiles: fp8_gemv(x, *fp8[i], torch.bfloat16, tiles))
+    if m > 8:
+        calls["triton"] = lambda i: triton_gemm(x, *fp8[i])
+        calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])
+    if m >= 256:
+        x_q, x_scales = quantize_activations(x)
+        for tiles in (MatmulTiles(128, 128, 1, 8, 3), MatmulTiles(128, 128, 1, 8, 4),
+                      MatmulTiles(64, 128, 1, 4, 4)):
+            calls[f"dot m{tiles.block_m} n{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}"] = (
+                lambda i, tiles=tiles: block_fp8_matmul(x_q, x_scales, *fp8[i], torch.bfloat16, tiles))
+    return calls
+
+
+def layer_rows(layer: str, n: int, k: int, batches: tuple[int, ...]) -> list[dict]:
+    generator = torch.Generator(device="cuda").manual_seed(n + k)
+    copies = max(2, math.ceil(ROTATED_BYTES / (n * k)))
+    bf16 = [(0.02 * torch.randn(n, k, generator=generator, device="cuda")).to(torch.bfloat16)
+            for _ in range(copies)]
+    fp8 = [quantize_weight(w) for w in bf16]
+    rows = []
+    for m in batches:
+        x = torch.randn(m, k, generator=generator, device="cuda").to(torch.bfloat16)
+        reference = reference_matmul(x.float(), *fp8[0])
+        row = {"layer": layer, "m": m, "n": n, "k": k, "us": {}, "error": {}, "failed": {}}
+        for name, call in candidates(m, x, bf16, fp8).items():
+            micros, failure = graph_us(call, copies)
+            row["us"][name] = micros
+            if failure:
+                row["failed"][name] = failure
+            elif name != "bf16":
+                row["error"][name] = float((call(0).float() - reference).abs().max() / reference.abs().max())
+        print(summary(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def summary(row: dict) -> str:
+    m, n, k = row["m"], row["n"], row["k"]
+    timed = sorted((us, name) for name, us in row["us"].items() if us is not None and name != "bf16")
+    bf16 = row["us"]["bf16"]
+    line = f"{row['layer']:12s} M={m:5d}  bf16 {bf16 if bf16 is None else round(bf16, 1)} us"
+    for micros, name in timed[:4]:
+        line += (f" | {name} {micros:.1f} us {n * k / micros / 1e6:.2f} TB/s "
+                 f"{2 * m * n * k / micros / 1e6:.0f} TFLOP/s err {row['error'][name]:.1e}")
+    served = {name: row["us"].get(name) for name in ("gemv", "dot fused", "triton", "scaled_mm")
+              if name in row["us"]}
+    line += f" || {', '.join(f'{name} {us if us is None else round(us, 1)}' for name, us in served.items())}"
+    return line + (f"  failed: {row['failed']}" if row["failed"] else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="write every figure here as JSON")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                        help="row counts M, comma-separated")
+    parser.add_argument("--layers", default=",".join(name for name, _, _ in QWEN3_14B_LINEARS),
+                        help="which of qkv_proj, o_proj, gate_up_proj, down_proj")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.fp8_tiles needs a CUDA GPU with FP8 (Hopper or newer)")
+    batches = tuple(int(m) for m in args.batches.split(","))
+    layers = args.layers.split(",")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    rows = []
+    for layer, n, k in QWEN3_14B_LINEARS:
+        if layer in layers:
+            rows += layer_rows(layer, n, k, batches)
+            torch.cuda.empty_cache()
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                               "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
