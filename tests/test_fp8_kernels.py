@@ -88,6 +88,15 @@ def test_rounding_to_e4m3_is_to_nearest_even_at_every_value_and_midpoint():
     assert torch.equal(q.float(), x.to(FP8_DTYPE).float())
 
 
+def test_rows_past_the_input_are_quantized_zeros_for_a_padded_gemm():
+    x = random(3, 256, seed=2)
+    q, scales = quantize_activations(x, column_major_scales=True, rows=16)
+    assert q.shape == (16, 256) and scales.shape == (16, 2) and scales.stride() == (1, 16)
+    expected_q, expected_scales = quantize_activations_reference(x)
+    assert torch.equal(q[:3].float(), expected_q.float()) and torch.equal(scales[:3], expected_scales)
+    assert torch.all(q[3:].float() == 0) and torch.all(scales[3:] > 0)
+
+
 def test_scales_can_be_stored_column_major_for_scaled_mm():
     x = random(5, 384, seed=1)
     q, scales = quantize_activations(x, column_major_scales=True)

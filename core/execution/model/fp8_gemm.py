@@ -8,17 +8,23 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
 * `triton`: up to GEMV_MAX_M rows (decode) the CUDA-core GEMV of fp8_gemv.py, which quantizes the
   activations itself; above, activations quantized per token and 128 columns, then the
   block-scaled tensor-core GEMM of fp8_kernels.py (up to 16 rows it quantizes them itself).
-* `scaled_mm`: decode as `triton`; above GEMV_MAX_M rows the same activation quantization, then
-  torch's `scaled_mm` with 1 x 128 and 128 x 128 block scales (cuBLASLt; PyTorch >= 2.10 built
-  with CUDA >= 12.9, Hopper; it refuses a single row).
+* `scaled_mm`: the same activation quantization, into a row count padded to a multiple of 16, then
+  torch's `scaled_mm` with 1 x 128 and 128 x 128 block scales (cuBLASLt; PyTorch >= 2.10 built with
+  CUDA >= 12.9, Hopper). cuBLAS refused 1 and 9 rows on an H100 with torch 2.11 and ran 16, 32, 64,
+  256, 1,784 and 8,192, hence the padding; a decode step's padded rows cost nothing, the step
+  reads the weight once either way.
 
 `CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm) chooses for every FP8 layer of the process;
-auto is triton on a GPU and dequant on the CPU. Which is fastest per shape is measured by
-`python -m benchmarks.kernels --fp8`.
+auto is scaled_mm on a GPU where this torch has it (checked once on a small product), else triton,
+and dequant on the CPU. Measured on an H100 (`python -m benchmarks.fp8_tiles`): scaled_mm runs the
+prefill shapes at 950-1,150 TFLOP/s against 700-800 for the Triton GEMM, and 16 padded decode rows
+at 1.4-2.2 TB/s of weight, ahead of the GEMV's 1.0-1.5 (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 from collections.abc import Callable
 
@@ -27,7 +33,10 @@ import torch.nn.functional as F
 
 from core.execution.model.fp8_format import dequantize_weight
 
+logger = logging.getLogger(__name__)
+
 ENV = "CADENCE_FP8_GEMM"
+SCALED_MM_ROW_MULTIPLE = 16
 # Up to this many rows the Triton GEMM quantizes the activations itself (one launch, not two); above
 # it, every output column tile would quantize the rows again. A first guess, to measure.
 FUSED_QUANTIZATION_MAX_M = 16
@@ -53,16 +62,32 @@ def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
 def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from torch.nn.functional import ScalingType, SwizzleType
 
-    from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
     from core.execution.model.fp8_kernels import quantize_activations
 
-    if x.shape[0] <= GEMV_MAX_M:
-        return fp8_gemv(x, weight, weight_scale_inv, x.dtype)
-    x_q, x_scales = quantize_activations(x, column_major_scales=True)  # scales [M, K/128], stride (1, M)
+    m = x.shape[0]
+    rows = -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
+    # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
+    x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=rows)
     # weight.t() is [K, N] column-major; weight_scale_inv.t() is [K/128, N/128] with stride (1, K/128).
-    return F.scaled_mm(x_q, weight.t(), x_scales, ScalingType.BlockWise1x128, weight_scale_inv.t(),
-                       ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
-                       swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=x.dtype)
+    out = F.scaled_mm(x_q, weight.t(), x_scales, ScalingType.BlockWise1x128, weight_scale_inv.t(),
+                      ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
+                      swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=x.dtype)
+    return out if rows == m else out[:m]
+
+
+@functools.cache
+def scaled_mm_unavailable(device: torch.device) -> str | None:
+    """None where torch's block-scaled scaled_mm runs on `device`; else why not (one small product)."""
+    try:
+        x = torch.ones((3, 256), dtype=torch.bfloat16, device=device)
+        weight = torch.ones((256, 256), dtype=torch.bfloat16, device=device).to(torch.float8_e4m3fn)
+        out = scaled_mm_gemm(x, weight, torch.ones((2, 2), dtype=torch.float32, device=device))
+        torch.cuda.synchronize(device)
+        if not torch.all(out == 256):
+            return f"block-scaled scaled_mm gave {out.flatten()[:4].tolist()} for 256"
+        return None
+    except Exception as exc:  # an old torch (no ScalingType), an old CUDA or GPU: cuBLAS refuses
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
 
 
 FP8_GEMMS: dict[str, Fp8Gemm] = {"dequant": dequant_gemm, "triton": triton_gemm, "scaled_mm": scaled_mm_gemm}
@@ -72,7 +97,13 @@ def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:
     """The GEMM named by `name` (default: $CADENCE_FP8_GEMM, else auto) for layers on `device`."""
     name = name or os.environ.get(ENV, "auto")
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "dequant"
+        if device.type != "cuda":
+            name = "dequant"
+        else:
+            name = "triton" if scaled_mm_unavailable(device) else "scaled_mm"
+        if device.type == "cuda" and name == "triton":
+            logger.info("FP8 GEMMs: Triton (torch's block-scaled scaled_mm is unavailable here: %s)",
+                        scaled_mm_unavailable(device))
     if name not in FP8_GEMMS:
         raise ValueError(f"{ENV}={name!r} is not an FP8 GEMM: use auto or one of {', '.join(FP8_GEMMS)}")
     if name != "dequant" and device.type != "cuda":

@@ -26,8 +26,9 @@ import triton.language as tl
 from core.execution.model.fp8_format import BLOCK, FP8_MAX, MIN_AMAX
 from core.execution.model.fp8_kernels import _num_sms, _quantize_rows
 
-# Up to this many rows the GEMV serves (fp8_gemm.triton_gemm); above, the tensor-core GEMM.
-GEMV_MAX_M = 8
+# Up to this many rows the GEMV serves (fp8_gemm.triton_gemm); above, the tensor-core GEMM. Measured
+# on an H100 (benchmarks.fp8_tiles): ahead of the fused tensor-core GEMM at 1 and 2 rows, behind from 4.
+GEMV_MAX_M = 2
 
 
 @triton.jit(do_not_specialize=["M", "steps_per_split", "stride_xm", "stride_cs", "stride_cm"])

@@ -61,31 +61,36 @@ def _quantize_rows(x, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
 def _quantize_groups_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm, stride_sm, stride_sg,
                             GROUPS: tl.constexpr, GROUP: tl.constexpr, FP8_MAX_: tl.constexpr,
                             MIN_AMAX_: tl.constexpr):
-    """One token, GROUPS groups of GROUP columns: scale = amax / 448, q = round(x / scale)."""
+    """One token, GROUPS groups of GROUP columns: scale = amax / 448, q = round(x / scale). Rows from
+    M on (padding) quantize zeros."""
     row = tl.program_id(0)
     group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)  # [GROUPS]
     cols = group[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [GROUPS, GROUP]
     mask = cols < K
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    in_rows = (cols * 0 + row) < M  # [GROUPS, GROUP], as a tensor: the interpreter rejects a scalar mask
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask & in_rows, other=0.0).to(tl.float32)
     q, scale = _quantize_rows(x, FP8_MAX_, MIN_AMAX_)
     tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row * stride_sm + group * stride_sg, scale, mask=group * GROUP < K)
 
 
-def quantize_activations(x: torch.Tensor, column_major_scales: bool = False
+def quantize_activations(x: torch.Tensor, column_major_scales: bool = False, rows: int | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (rows may be strided) -> (fp8 [M, K], float32 scales [M, ceil(K / 128)]).
-    `column_major_scales` stores the scales with stride (1, M), the layout torch's scaled_mm wants."""
+    """x [M, K] (rows may be strided) -> (fp8 [R, K], float32 scales [R, ceil(K / 128)]), R = `rows`
+    (default M; more pads with quantized zeros, which a GEMM with a minimum row count wants).
+    `column_major_scales` stores the scales with stride (1, R), the layout torch's scaled_mm wants."""
     m, k = x.shape
+    rows = m if rows is None else rows
     assert x.stride(1) == 1, "x's columns must be contiguous"
+    assert rows >= m, f"cannot quantize {m} rows into {rows}"
     num_groups = triton.cdiv(k, BLOCK)
-    q = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
+    q = torch.empty((rows, k), dtype=FP8_DTYPE, device=x.device)
     if column_major_scales:
-        scales = torch.empty((num_groups, m), dtype=torch.float32, device=x.device).t()
+        scales = torch.empty((num_groups, rows), dtype=torch.float32, device=x.device).t()
     else:
-        scales = torch.empty((m, num_groups), dtype=torch.float32, device=x.device)
+        scales = torch.empty((rows, num_groups), dtype=torch.float32, device=x.device)
     groups_per_program = min(8, triton.next_power_of_2(num_groups))
-    grid = (m, triton.cdiv(num_groups, groups_per_program))
+    grid = (rows, triton.cdiv(num_groups, groups_per_program))
     _quantize_groups_kernel[grid](x, q, scales, m, k, x.stride(0), q.stride(0), scales.stride(0),
                                   scales.stride(1), GROUPS=groups_per_program, GROUP=BLOCK, FP8_MAX_=FP8_MAX,
                                   MIN_AMAX_=MIN_AMAX)
