@@ -15,16 +15,17 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
   reads the weight once either way.
 
 `CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm) chooses for every FP8 layer of the process;
-auto is scaled_mm on a GPU where this torch has it (checked once on a small product), else triton,
-and dequant on the CPU. Measured on an H100 (`python -m benchmarks.fp8_tiles`): scaled_mm runs the
-prefill shapes at 950-1,150 TFLOP/s against 700-800 for the Triton GEMM, and 16 padded decode rows
-at 1.4-2.2 TB/s of weight, ahead of the GEMV's 1.0-1.5 (benchmarks/NOTES.md).
+auto is triton on a GPU and dequant on the CPU; scaled_mm is refused at start, with cuBLAS's reason,
+where it cannot run (checked once on a small product). Measured per GEMM on an H100
+(`python -m benchmarks.fp8_tiles`): scaled_mm runs the prefill shapes at 950-1,150 TFLOP/s against
+700-800 for the Triton GEMM, and 16 padded decode rows at 1.4-2.2 TB/s of weight, ahead of the
+GEMV's 1.0-1.5; it becomes auto once a server with it has passed tests/gpu/test_gpu_fp8.py and
+the suite (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Callable
 
@@ -32,8 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from core.execution.model.fp8_format import dequantize_weight
-
-logger = logging.getLogger(__name__)
 
 ENV = "CADENCE_FP8_GEMM"
 SCALED_MM_ROW_MULTIPLE = 16
@@ -64,6 +63,8 @@ def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torc
 
     from core.execution.model.fp8_kernels import quantize_activations
 
+    if weight_scale_inv.shape[1] % 4:  # torch wants the K blocks' scales in fours (TP 4 and 8 shards)
+        return triton_gemm(x, weight, weight_scale_inv)
     m = x.shape[0]
     rows = -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
     # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
@@ -79,12 +80,12 @@ def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torc
 def scaled_mm_unavailable(device: torch.device) -> str | None:
     """None where torch's block-scaled scaled_mm runs on `device`; else why not (one small product)."""
     try:
-        x = torch.ones((3, 256), dtype=torch.bfloat16, device=device)
-        weight = torch.ones((256, 256), dtype=torch.bfloat16, device=device).to(torch.float8_e4m3fn)
-        out = scaled_mm_gemm(x, weight, torch.ones((2, 2), dtype=torch.float32, device=device))
+        x = torch.ones((3, 512), dtype=torch.bfloat16, device=device)
+        weight = torch.ones((256, 512), dtype=torch.bfloat16, device=device).to(torch.float8_e4m3fn)
+        out = scaled_mm_gemm(x, weight, torch.ones((2, 4), dtype=torch.float32, device=device))
         torch.cuda.synchronize(device)
-        if not torch.all(out == 256):
-            return f"block-scaled scaled_mm gave {out.flatten()[:4].tolist()} for 256"
+        if out.shape != (3, 256) or not torch.all(out == 512):
+            return f"block-scaled scaled_mm gave {out.flatten()[:4].tolist()} for 512"
         return None
     except Exception as exc:  # an old torch (no ScalingType), an old CUDA or GPU: cuBLAS refuses
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
@@ -97,15 +98,12 @@ def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:
     """The GEMM named by `name` (default: $CADENCE_FP8_GEMM, else auto) for layers on `device`."""
     name = name or os.environ.get(ENV, "auto")
     if name == "auto":
-        if device.type != "cuda":
-            name = "dequant"
-        else:
-            name = "triton" if scaled_mm_unavailable(device) else "scaled_mm"
-        if device.type == "cuda" and name == "triton":
-            logger.info("FP8 GEMMs: Triton (torch's block-scaled scaled_mm is unavailable here: %s)",
-                        scaled_mm_unavailable(device))
+        name = "triton" if device.type == "cuda" else "dequant"
     if name not in FP8_GEMMS:
         raise ValueError(f"{ENV}={name!r} is not an FP8 GEMM: use auto or one of {', '.join(FP8_GEMMS)}")
     if name != "dequant" and device.type != "cuda":
         raise ValueError(f"{ENV}={name}: the {name} FP8 GEMM needs a CUDA device, the model is on {device}")
+    if name == "scaled_mm" and scaled_mm_unavailable(device):
+        raise ValueError(f"{ENV}=scaled_mm: torch {torch.__version__} cannot run the block-scaled scaled_mm "
+                         f"here ({scaled_mm_unavailable(device)}); use triton")
     return FP8_GEMMS[name]
