@@ -3,14 +3,16 @@ and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per r
 
     python -m benchmarks.fp8_tiles --out fp8_tiles.json [--batches 1,2,4,8,16,256,1784,8192]
 
-Per (layer, M): bf16 F.linear, the FP8 decode GEMV with its default tiles and a grid of others
-(M <= 16), the tensor-core GEMM quantizing inside (M <= 16) or after a separate quantization (its
-tile variants from 256 rows), the server's `triton` path and torch's block-scaled `scaled_mm`
-(from 9 rows; cuBLAS refuses one). Each is captured in a CUDA graph of >= 24 calls that rotate
-over enough copies of the weight (>= 200 MB) that every call reads its weight from HBM, not L2, as
-in a model step; the median of 5 replays is the time per call. A path that fails prints why. Each
-line shows the four fastest FP8 candidates with TB/s (weight bytes / time), TFLOP/s and the error
-against `fp8_format.reference_matmul` (max |error| / max |reference|); the JSON has every figure.
+Per (layer, M): bf16 F.linear; up to 16 rows the FP8 decode GEMV with its default tiles and a
+grid of others, the GEMV on activations quantized beforehand (`gemv2`, the quantization kernel
+timed with it) and the tensor-core GEMM quantizing inside; from 256 rows the tensor-core GEMM's
+tile variants after a separate quantization; the server's `triton` path (from 9 rows) and torch's
+block-scaled `scaled_mm` (every M, its rows padded to 16 as `fp8_gemm.scaled_mm_gemm` does).
+Each is captured in a CUDA graph of >= 24 calls that rotate over enough copies of the weight (>= 200
+MB) that every call reads its weight from HBM, not L2, as in a model step; the median of 5 replays
+is the time per call. A path that fails prints why. Each line shows the four fastest FP8 candidates
+with TB/s (weight bytes / time), TFLOP/s and the error against `fp8_format.reference_matmul` (max
+|error| / max |reference|); the JSON has every figure.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 from benchmarks.lib.fp8_gemm_cases import QWEN3_14B_LINEARS
 from core.execution.model.fp8_format import quantize_weight, reference_matmul
 from core.execution.model.fp8_gemm import scaled_mm_gemm, triton_gemm
-from core.execution.model.fp8_gemv import GemvTiles, fp8_gemv
+from core.execution.model.fp8_gemv import GemvTiles, fp8_gemv, fp8_gemv_prequantized
 from core.execution.model.fp8_kernels import MatmulTiles, block_fp8_matmul, quantize_activations
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 256, 1784, 8192)
@@ -71,14 +73,20 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
         calls["dot fused"] = lambda i: block_fp8_matmul(x, None, *fp8[i], torch.bfloat16)
         calls["gemv"] = lambda i: fp8_gemv(x, *fp8[i], torch.bfloat16)
         block_m = 1 << (m - 1).bit_length()
-        for block_n, block_k, split_k in itertools.product((8, 16, 32), (256, 512, 1024), (1, 2)):
+        for block_n, block_k, split_k in itertools.product((8, 16), (512, 1024), (1, 2)):
             if block_m * block_n * block_k <= 32768:
                 tiles = GemvTiles(block_m, block_n, block_k, split_k, 4)
                 calls[f"gemv n{block_n} k{block_k} s{split_k}"] = (
                     lambda i, tiles=tiles: fp8_gemv(x, *fp8[i], torch.bfloat16, tiles))
+        for block_n, split_k, stages in itertools.product((8, 16, 32), (1, 2), (3, 6)):
+            if block_m * block_n * 128 > 32768:
+                continue
+            calls[f"gemv2 n{block_n} s{split_k} st{stages}"] = (  # the quantization included, as served
+                lambda i, n=block_n, s=split_k, st=stages: fp8_gemv_prequantized(
+                    *quantize_activations(x), *fp8[i], torch.bfloat16, n, s, st))
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])
-        calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])
+    calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])  # rows padded to 16
     if m >= 256:
         x_q, x_scales = quantize_activations(x)
         for tiles in (MatmulTiles(128, 128, 1, 8, 3), MatmulTiles(128, 128, 1, 8, 4),

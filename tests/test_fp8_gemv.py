@@ -21,7 +21,14 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 
 from core.execution.model import fp8_gemv as gemv_module  # noqa: E402
 from core.execution.model.fp8_format import quantize_weight, reference_matmul  # noqa: E402
-from core.execution.model.fp8_gemv import GEMV_MAX_M, GemvTiles, fp8_gemv, gemv_tiles  # noqa: E402
+from core.execution.model.fp8_gemv import (  # noqa: E402
+    GEMV_MAX_M,
+    GemvTiles,
+    fp8_gemv,
+    fp8_gemv_prequantized,
+    gemv_tiles,
+)
+from core.execution.model.fp8_kernels import quantize_activations  # noqa: E402
 
 INTERPRETED = is_interpreted(triton.language.zeros, gemv_module._fp8_gemv_kernel)
 GEMM_RELATIVE_TOLERANCE = 1e-5
@@ -92,3 +99,14 @@ def test_decode_tiles_fill_the_gpu_without_splitting_the_big_qwen3_14b_layers():
             assert tiles.block_m >= m and 128 % tiles.block_n == 0 and tiles.block_k % 128 == 0
             assert tiles.block_m * tiles.block_n * tiles.block_k <= 16384  # 128 product values a thread
             assert -(-n // tiles.block_n) * tiles.split_k >= 2 * 132
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("block_n,split_k", [(16, 1), (8, 3), (128, 2)])
+def test_the_prequantized_gemv_equals_the_reference(m, block_n, split_k):
+    x, weight, scale_inv = inputs(m, 200, 1000, seed=13 * m + block_n)
+    x_q, x_scales = quantize_activations(x)
+    out = fp8_gemv_prequantized(x_q, x_scales, weight, scale_inv, torch.float32, block_n, split_k,
+                                num_stages=2)
+    assert out.shape == (m, 200)
+    assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE

@@ -67,6 +67,39 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, steps_per_split, stri
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+@triton.jit(do_not_specialize=["M", "steps_per_split", "stride_xm", "stride_xsm", "stride_cs", "stride_cm"])
+def _fp8_gemv_prequantized_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, steps_per_split, stride_xm,
+                                  stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_wsk, stride_cs,
+                                  stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  GROUP: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """As _fp8_gemv_kernel, on activations quantized beforehand (`quantize_activations`): per
+    128-column group one fp8 x fp8 product summed in float32, scaled by the token's and the
+    block's scale; the group loop is software-pipelined (NUM_STAGES groups of weight in flight)."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, GROUP)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    ws_row = ws_ptr + ((pid_n * BLOCK_N) // GROUP) * stride_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first_step = split * steps_per_split
+    last_step = tl.minimum(first_step + steps_per_split, tl.cdiv(K, GROUP))
+    for step in tl.range(first_step, last_step, num_stages=NUM_STAGES):
+        k = step * GROUP + offs_k
+        mask_k = k < K
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                    other=0.0).to(tl.float32)  # [BLOCK_N, GROUP]
+        x = tl.load(xq_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                    other=0.0).to(tl.float32)  # [BLOCK_M, GROUP]
+        x_scale = tl.load(xs_ptr + offs_m * stride_xsm + step * stride_xsg, mask=mask_m, other=0.0)
+        w_scale = tl.load(ws_row + step * stride_wsk)
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2) * (x_scale[:, None] * w_scale)
+    c = c_ptr + split * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
 class GemvTiles(NamedTuple):
     block_m: int  # rows per program: a power of two >= M up to GEMV_MAX_M
     block_n: int  # divides 128
@@ -112,6 +145,35 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tens
                            partials.stride(0), partials.stride(1), BLOCK_M=tiles.block_m,
                            BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP=BLOCK, FP8_MAX_=FP8_MAX,
                            MIN_AMAX_=MIN_AMAX, num_warps=tiles.num_warps)
+    if split_k == 1:
+        return out
+    return partials.sum(dim=0).to(out_dtype)
+
+
+def fp8_gemv_prequantized(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
+                          weight_scale_inv: torch.Tensor, out_dtype: torch.dtype, block_n: int = 16,
+                          split_k: int = 1, num_stages: int = 4, num_warps: int = 4) -> torch.Tensor:
+    """x_q fp8 [M, K] with scales [M, ceil(K/128)] (`quantize_activations`) times the block-scaled fp8
+    weight [N, K] transposed -> [M, N] in out_dtype: the GEMV with the quantization taken out of its
+    loop, a candidate for decode that `python -m benchmarks.fp8_tiles` times against `fp8_gemv`."""
+    m, k = x_q.shape
+    n = weight.shape[0]
+    assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1 and BLOCK % block_n == 0
+    steps = triton.cdiv(k, BLOCK)
+    steps_per_split = triton.cdiv(steps, split_k)
+    split_k = triton.cdiv(steps, steps_per_split)
+    if split_k == 1:
+        out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
+        partials = out.unsqueeze(0)
+    else:
+        partials = torch.empty((split_k, m, n), dtype=torch.float32, device=x_q.device)
+    block_m = triton.next_power_of_2(max(m, 1))
+    grid = (triton.cdiv(n, block_n), split_k, 1)
+    _fp8_gemv_prequantized_kernel[grid](
+        x_q, x_scales, weight, weight_scale_inv, partials, m, n, k, steps_per_split, x_q.stride(0),
+        x_scales.stride(0), x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0),
+        weight_scale_inv.stride(1), partials.stride(0), partials.stride(1), BLOCK_M=block_m, BLOCK_N=block_n,
+        GROUP=BLOCK, NUM_STAGES=num_stages, num_warps=num_warps)
     if split_k == 1:
         return out
     return partials.sum(dim=0).to(out_dtype)
