@@ -112,4 +112,18 @@ def test_the_multi_gpu_subset_skips_each_layout_without_its_cards_saying_how_man
     assert report["num_skipped"] == len(MULTI_GPU_LAYOUTS) and report["num_passed"] == 0
     assert not report["passed"]  # nothing ran
     assert "TP 2, async scheduling on 2 GPUs" in format_table(report)
-    assert f"{len(MULTI_GPU_LAYOUTS)} not run (too few GPUs visible)" in render_markdown(report)
+    assert f"{len(MULTI_GPU_LAYOUTS)} not run (too few GPUs visible" in render_markdown(report)
+
+
+def test_a_layout_the_model_refuses_is_not_run_and_says_why():
+    # qwen3-tiny's k and v projections are 128 rows: TP 2 would split its 128 x 128 FP8 blocks
+    args = parse_args(["--subset", "cpu", "--device", "cpu", "--quantization", "fp8"])
+    base = base_config(args)
+    workload = Workload(make_shape(args.subset, base.cache.block_size, base.max_model_len))
+    matrix = Matrix(args, base, workload, Tolerance.for_dtype(base.model.dtype, 1e-3, 0.35))
+    plans = {plan.name: plan for plan in matrix.plans}
+    assert not plans["dp2"].refused and "FP8" in plans["tp2"].refused
+    matrix.run_server(plans["tp2"])  # starts no server
+    (cell,) = matrix.report()["cells"]
+    assert cell["server"] == "tp2" and cell["passed"] is None
+    assert cell["skipped"].startswith("not run: model qwen3-tiny in FP8: tp_size 2")

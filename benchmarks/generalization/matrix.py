@@ -4,6 +4,8 @@
         --markdown docs/reports/generalization.md
     python -m benchmarks.generalization --subset full --model qwen3-14b --load-format dummy \\
         --device cuda --out generalization_h200.json --markdown generalization_h200.md
+    python -m benchmarks.generalization --subset cpu --quantization fp8 \\
+        --out docs/reports/generalization_cpu_fp8.json --markdown docs/reports/generalization_cpu_fp8.md
     python -m benchmarks.generalization --subset full --model qwen3-14b --load-format dummy \\
         --device cuda --quantization fp8 --out generalization_h200_fp8.json \\
         --markdown generalization_h200_fp8.md
@@ -28,7 +30,9 @@ run in order, and it is shut down before the next starts:
 * async: async scheduling (the serving default: two steps in flight, placeholder inputs filled by
   the executor), on the reference's settings and on a pool small enough to preempt. The other
   servers run one step at a time, as the reference does.
-* dp2, tp2: two replicas, and one replica split over two ranks.
+* dp2, tp2: two replicas, and one replica split over two ranks. A layout the model refuses (with
+  --quantization fp8, a TP size that would split its 128 x 128 weight blocks) is not run, its
+  cell saying why.
 
 `--subset multi-gpu` is the full subset's reference and, instead of the other servers, the layouts
 on cards of their own (MULTI_GPU_LAYOUTS: DP 2, 4, 8, TP 2, 4, 8, DP 2 x TP 2, and TP 2 with async
@@ -102,6 +106,17 @@ class ServerPlan:
     config: EngineConfig
     cells: list[Cell]
     gpus: int = 0  # visible GPUs it needs, one per rank (the multi-gpu subset); 0: it runs anywhere
+    refused: str = ""  # why the model cannot take this layout (its cells are not run), e.g. FP8 blocks
+
+
+def layout_plan(name: str, reference: EngineConfig, parallel: ParallelConfig,
+                cells: list[Cell]) -> ServerPlan:
+    """The reference's settings on another layout; one the model refuses (a TP size that splits its
+    heads or FP8 blocks) is a plan whose cells are not run, saying why."""
+    try:
+        return ServerPlan(name, replace(reference, parallel=parallel), cells)
+    except ConfigError as exc:
+        return ServerPlan(name, reference, cells, refused=f"not run: {exc}")
 
 
 def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int,
@@ -134,10 +149,9 @@ def server_plans(base: EngineConfig, workload: Workload, chunk_budget: int,
         ServerPlan("async-preemption",
                    replace(small_pool, scheduler=replace(small_pool.scheduler, async_scheduling=True)),
                    [preemption_cell("async scheduling, preemption (small pool)")]),
-        ServerPlan("dp2", replace(reference, parallel=ParallelConfig(tp_size=1, dp_size=2)),
-                   [layout_cell("DP 2", layout + "; both replicas serve some")]),
-        ServerPlan("tp2", replace(reference, parallel=ParallelConfig(tp_size=2, dp_size=1)),
-                   [layout_cell("TP 2", layout)]),
+        layout_plan("dp2", reference, ParallelConfig(tp_size=1, dp_size=2),
+                    [layout_cell("DP 2", layout + "; both replicas serve some")]),
+        layout_plan("tp2", reference, ParallelConfig(tp_size=2, dp_size=1), [layout_cell("TP 2", layout)]),
     ]
 
 
@@ -230,8 +244,8 @@ class Matrix:
 
     def run_server(self, plan: ServerPlan) -> None:
         config = describe_config(plan.config)
-        if plan.gpus > self.visible_gpus:
-            why = f"not run: needs {plan.gpus} GPUs, {self.visible_gpus} visible"
+        if plan.refused or plan.gpus > self.visible_gpus:
+            why = plan.refused or f"not run: needs {plan.gpus} GPUs, {self.visible_gpus} visible"
             self.servers.append({"name": plan.name, "config": config, "startup_s": None, "error": why})
             self.cells += [dict(_record(cell, plan.name, config, [], {}, 0.0), passed=None, skipped=why)
                            for cell in plan.cells]

@@ -25,7 +25,7 @@ def render_markdown(report: dict) -> str:
         "",
         f"{report['num_passed']} of {report['num_cells']} cells passed"
         + (f", **{failed} failed**" if failed else "")
-        + (f", {skipped} not run (too few GPUs visible)" if skipped else "")
+        + (f", {skipped} not run (too few GPUs visible, or a layout the model refuses)" if skipped else "")
         + f", in {report['duration_s']:.0f} s "
         f"(started {report['started_at']}). Made by:",
         "",
