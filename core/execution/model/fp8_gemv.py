@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from core.execution.model.fp8_format import BLOCK, FP8_MAX, MIN_AMAX
-from core.execution.model.fp8_kernels import _num_sms, _quantize_rows
+from core.execution.model.fp8_kernels import _num_sms, _quantize_rows, split_k_partials, sum_split_k
 
 # Up to this many rows the GEMV serves (fp8_gemm.triton_gemm); above, the tensor-core GEMM. Measured
 # on an H100 (benchmarks.fp8_tiles): ahead of the fused tensor-core GEMM at 1 and 2 rows, behind from 4.
@@ -134,20 +134,14 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tens
     k_steps = triton.cdiv(k, tiles.block_k)
     steps_per_split = triton.cdiv(k_steps, tiles.split_k)
     split_k = triton.cdiv(k_steps, steps_per_split)
-    if split_k == 1:
-        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
-        partials = out.unsqueeze(0)
-    else:
-        partials = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    partials = split_k_partials(m, n, split_k, out_dtype, x.device)
     grid = (triton.cdiv(n, tiles.block_n), split_k, triton.cdiv(m, tiles.block_m))
     _fp8_gemv_kernel[grid](x, weight, weight_scale_inv, partials, m, n, k, steps_per_split, x.stride(0),
                            weight.stride(0), weight_scale_inv.stride(0), weight_scale_inv.stride(1),
                            partials.stride(0), partials.stride(1), BLOCK_M=tiles.block_m,
                            BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP=BLOCK, FP8_MAX_=FP8_MAX,
                            MIN_AMAX_=MIN_AMAX, num_warps=tiles.num_warps)
-    if split_k == 1:
-        return out
-    return partials.sum(dim=0).to(out_dtype)
+    return sum_split_k(partials, out_dtype)
 
 
 def fp8_gemv_prequantized(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
@@ -162,11 +156,7 @@ def fp8_gemv_prequantized(x_q: torch.Tensor, x_scales: torch.Tensor, weight: tor
     steps = triton.cdiv(k, BLOCK)
     steps_per_split = triton.cdiv(steps, split_k)
     split_k = triton.cdiv(steps, steps_per_split)
-    if split_k == 1:
-        out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
-        partials = out.unsqueeze(0)
-    else:
-        partials = torch.empty((split_k, m, n), dtype=torch.float32, device=x_q.device)
+    partials = split_k_partials(m, n, split_k, out_dtype, x_q.device)
     block_m = triton.next_power_of_2(max(m, 1))
     grid = (triton.cdiv(n, block_n), split_k, 1)
     _fp8_gemv_prequantized_kernel[grid](
@@ -174,6 +164,4 @@ def fp8_gemv_prequantized(x_q: torch.Tensor, x_scales: torch.Tensor, weight: tor
         x_scales.stride(0), x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0),
         weight_scale_inv.stride(1), partials.stride(0), partials.stride(1), BLOCK_M=block_m, BLOCK_N=block_n,
         GROUP=BLOCK, NUM_STAGES=num_stages, num_warps=num_warps)
-    if split_k == 1:
-        return out
-    return partials.sum(dim=0).to(out_dtype)
+    return sum_split_k(partials, out_dtype)

@@ -174,6 +174,19 @@ def matmul_tiles(m: int, n: int, k: int, num_sms: int = 132) -> MatmulTiles:
                        num_stages=4 if m <= 64 else 3)
 
 
+def split_k_partials(m: int, n: int, split_k: int, out_dtype: torch.dtype, device: torch.device
+                     ) -> torch.Tensor:
+    """Where a split-K kernel writes: [split_k, M, N] float32 partial sums, or with one split the
+    output itself ([1, M, N] in out_dtype); `sum_split_k` turns either into the [M, N] result."""
+    if split_k == 1:
+        return torch.empty((1, m, n), dtype=out_dtype, device=device)
+    return torch.empty((split_k, m, n), dtype=torch.float32, device=device)
+
+
+def sum_split_k(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    return partials[0] if partials.shape[0] == 1 else partials.sum(dim=0).to(out_dtype)
+
+
 def block_fp8_matmul(x_q: torch.Tensor, x_scales: torch.Tensor | None, weight: torch.Tensor,
                      weight_scale_inv: torch.Tensor, out_dtype: torch.dtype,
                      tiles: MatmulTiles | None = None) -> torch.Tensor:
@@ -191,11 +204,7 @@ def block_fp8_matmul(x_q: torch.Tensor, x_scales: torch.Tensor | None, weight: t
     k_steps = triton.cdiv(k, BLOCK)
     k_steps_per_split = triton.cdiv(k_steps, tiles.split_k)
     split_k = triton.cdiv(k_steps, k_steps_per_split)
-    if split_k == 1:
-        out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
-        partials = out.unsqueeze(0)
-    else:
-        partials = torch.empty((split_k, m, n), dtype=torch.float32, device=x_q.device)
+    partials = split_k_partials(m, n, split_k, out_dtype, x_q.device)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split_k)
     quantize_a = x_scales is None
     scales = weight_scale_inv if quantize_a else x_scales  # unread when quantize_a
@@ -205,6 +214,4 @@ def block_fp8_matmul(x_q: torch.Tensor, x_scales: torch.Tensor | None, weight: t
         weight_scale_inv.stride(0), weight_scale_inv.stride(1), partials.stride(0), partials.stride(1),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=BLOCK, GROUP_M=8, QUANTIZE_A=quantize_a,
         FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    if split_k == 1:
-        return out
-    return partials.sum(dim=0).to(out_dtype)
+    return sum_split_k(partials, out_dtype)
