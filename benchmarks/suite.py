@@ -251,8 +251,8 @@ def main(argv: list[str] | None = None) -> None:
             load = ["--base-url", f"http://127.0.0.1:{args.port}", *_load_flags(run, args.scale),
                     "--label", key, "--no-progress", "--seed", str(list(RUNS).index(run.prompts_of or key)),
                     "--out", os.path.join(args.out_dir, f"{key}.json")]
-            print(f"[suite] {key}: cadence serve {shlex.join(flags)} ; python -m benchmarks.load "
-                  f"{shlex.join(load)}", flush=True)
+            print(f"[suite] {key}: {engine_environment()}cadence serve {shlex.join(flags)} ; "
+                  f"python -m benchmarks.load {shlex.join(load)}", flush=True)
             if args.dry_run:
                 continue
             if flags != server_flags:
@@ -319,6 +319,15 @@ def _run_command(run: LayoutRun, serve_flags: list[str], args: argparse.Namespac
             json.dump(result, f, indent=1)
 
 
+# Variables the servers inherit that change what a run measures (not CADENCE_API_KEY: a secret).
+ENGINE_VARIABLES = ("CADENCE_FP8_GEMM", "CADENCE_INJECT_FAULT")
+
+
+def engine_environment() -> str:
+    """ENGINE_VARIABLES that are set, as the prefix of a command line: a run's recorded command names them."""
+    return "".join(f"{key}={shlex.quote(os.environ[key])} " for key in ENGINE_VARIABLES if key in os.environ)
+
+
 def _annotate(path: str, server_flags: list[str], load_flags: list[str], scale: float, wall_s: float,
               gpus: int) -> None:
     """Write the commands that made a result into it, so the report can name them."""
@@ -326,7 +335,7 @@ def _annotate(path: str, server_flags: list[str], load_flags: list[str], scale: 
         return
     with open(path) as f:
         result = json.load(f)
-    result["server_command"] = f"cadence serve {shlex.join(server_flags)}"
+    result["server_command"] = f"{engine_environment()}cadence serve {shlex.join(server_flags)}"
     result["load_command"] = f"python -m benchmarks.load {shlex.join(load_flags)}"
     result["scale"] = scale
     result["wall_s"] = wall_s

@@ -46,6 +46,16 @@ def test_the_dry_run_prints_every_command_and_what_needs_more_gpus(two_gpus, tmp
     assert not out.exists()  # nothing started, nothing written
 
 
+def test_a_run_names_the_fp8_gemm_it_was_made_with_and_never_the_api_key(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("CADENCE_FP8_GEMM", "scaled_mm")
+    monkeypatch.setenv("CADENCE_API_KEY", "secret-key")
+    suite.main(["--runs", "c1_fp8", "--out-dir", str(tmp_path / "results"), "--dry-run"])
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("[suite] c1_fp8: CADENCE_FP8_GEMM=scaled_mm cadence serve --model qwen3-14b "
+                           "--load-format dummy --quantization fp8 ; ")
+    assert "secret-key" not in line
+
+
 def test_runs_that_need_more_gpus_are_reported_not_run_and_the_suite_goes_on(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(devices, "visible_gpu_count", lambda: 1)
     suite.main(["--runs", ",".join(LAYOUT_RUNS), "--out-dir", str(tmp_path)])
