@@ -43,6 +43,8 @@ from ipc.messages import (
     RequestFailed,
     ServerInfo,
     ServerInfoQuery,
+    TokenizerAnswer,
+    TokenizerQuery,
 )
 from ipc.native_auth import HandshakeWatch, present_key
 from procs.problem_log import ProblemLog
@@ -140,6 +142,7 @@ class AsyncClient:
         self._failure: ClientError | None = None
         self._info: asyncio.Future[ServerInfo] | None = None
         self._info_asked_s = 0.0
+        self._queries: dict[str, asyncio.Future[TokenizerAnswer]] = {}  # by query id
 
     async def __aenter__(self) -> AsyncClient:
         await self.start()
@@ -227,6 +230,23 @@ class AsyncClient:
         except TimeoutError:
             raise ClientTimeout(f"the tokenizer at {self.address} did not answer ServerInfoQuery within "
                                 f"{timeout} s") from None
+
+    async def ask_tokenizer(self, query: TokenizerQuery, timeout_s: float | None = None) -> TokenizerAnswer:
+        """The tokenizer's answer to `query` (its query_id unique among those waiting)."""
+        if self._failure is not None:
+            raise self._failure
+        if query.query_id in self._queries:
+            raise ValueError(f"query id {query.query_id!r} is in use")
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        answer = self._queries[query.query_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self._send(query)
+            return await asyncio.wait_for(answer, timeout)
+        except TimeoutError:
+            raise ClientTimeout(f"the tokenizer at {self.address} did not answer a {query.kind} query within "
+                                f"{timeout} s") from None
+        finally:
+            del self._queries[query.query_id]
 
     # --- for batch jobs ----------------------------------------------------------------------------
 
@@ -339,6 +359,9 @@ class AsyncClient:
         log.error("%s", reason)
         if self._info is not None and not self._info.done():
             self._info.set_exception(self._failure)
+        for answer in self._queries.values():
+            if not answer.done():
+                answer.set_exception(self._failure)
         for group in {id(g): g for g in self._groups.values()}.values():
             group._deliver(None)
 
@@ -356,6 +379,11 @@ class AsyncClient:
         if isinstance(message, ServerInfo):
             if self._info is not None and not self._info.done():
                 self._info.set_result(message)
+            return
+        if isinstance(message, TokenizerAnswer):
+            answer = self._queries.get(message.query_id)
+            if answer is not None and not answer.done():
+                answer.set_result(message)
             return
         if not isinstance(message, OutputDelta | RequestFailed):
             log.warning("%s: unexpected %s from %s", self.name, type(message).__name__, self.address)

@@ -7,6 +7,8 @@ Routes:
 * GET /get_model_info, /model_info, /get_server_info, /server_info: the SGLang runtime's names for
   what the model is, which the SGLang Model Gateway (`sglang_router`) asks every worker it
   registers; without them it lists the model as "unknown" (docs/deploy.md).
+* POST /tokenize, POST /detokenize, GET /tokenizer_info: the model's tokenizer, in vLLM's fields
+  (api/tokenizer_routes.py).
 * GET /health: 200 while the engine serves (ServerInfo.serving), 503 when it does not or when the
   tokenizer does not answer; the body says why.
 * GET /metrics: Prometheus text (api/metrics.py). GET /version.
@@ -52,6 +54,7 @@ from api.protocol import (
     parse_json_body,
 )
 from api.request_id import RequestIdEcho
+from api.tokenizer_routes import tokenizer_routes
 from ipc.messages import ReplicaInfo
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -167,7 +170,7 @@ class ApiServer:
     async def _serve(self, request: Request, parse: Callable[..., ParsedRequest], id_prefix: str) -> Response:
         start_s = time.monotonic()
         try:
-            body = parse_json_body(await self._read_body(request))
+            body = parse_json_body(await self.read_body(request))
         except ClientDisconnect:
             return Response(status_code=499)  # gone before its body arrived; nothing was sent yet
         call_id = f"{id_prefix}-{uuid.uuid4().hex}"
@@ -186,7 +189,7 @@ class ApiServer:
             if not streaming:
                 call.close()
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None:
@@ -319,6 +322,7 @@ def build_app(config: ApiConfig) -> Starlette:
         Route("/v1/models/{model_id:path}", server.model, methods=["GET"]),
         *(Route(path, server.model_info, methods=["GET"])
           for path in ("/get_model_info", "/model_info", "/get_server_info", "/server_info")),
+        *tokenizer_routes(server),
         Route("/get_load", server.load, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),

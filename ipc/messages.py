@@ -3,8 +3,9 @@
 Three conversations, each one-way in its types:
 
 * clients (the api process, `api.client`) <-> tokenizer, over the tokenizer's ROUTER:
-  GenerateRequest, AbortRequest and ServerInfoQuery in; OutputDelta, RequestFailed and
-  ServerInfo out. Request ids are the client's own; the tokenizer keeps them apart per client.
+  GenerateRequest, AbortRequest, ServerInfoQuery and TokenizerQuery in; OutputDelta,
+  RequestFailed, ServerInfo and TokenizerAnswer out. Request ids are the client's own; the
+  tokenizer keeps them apart per client.
 * tokenizer <-> scheduler: TokenizedRequest and AbortRequest in; TokenDeltas, Rejected and
   SchedulerStatus out. The launcher also sends ReplicaDown and Shutdown to the scheduler.
 * scheduler <-> executors: StepReady, Ping and Stop on a replica's doorbell (the plan itself is in
@@ -84,6 +85,45 @@ class AbortRequest:
 @dataclass(frozen=True)
 class ServerInfoQuery:
     pass
+
+
+@message
+@dataclass(frozen=True)
+class TokenizerQuery:
+    """A question for the tokenizer alone (the REST server's /tokenize, /detokenize and
+    /tokenizer_info): `kind` "tokenize" takes exactly one of `prompt` and `messages` (a chat, rendered
+    by the chat template as a GenerateRequest's would be); "detokenize" takes `token_ids`; "info"
+    nothing. The answer is one TokenizerAnswer with the same query_id."""
+
+    query_id: str
+    kind: str  # "tokenize", "detokenize" or "info"
+    prompt: str | None = None
+    messages: list[ChatTurn] | None = None
+    tools: list[dict[str, Any]] | None = None
+    enable_thinking: bool = True
+    add_generation_prompt: bool = True
+    token_ids: list[int] | None = None
+    return_token_strs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("tokenize", "detokenize", "info"):
+            raise ValueError(f"kind must be tokenize, detokenize or info, got {self.kind!r}")
+        if self.kind == "tokenize" and (self.prompt is None) == (self.messages is None):
+            raise ValueError("a tokenize query takes exactly one of prompt and messages")
+        if self.kind == "detokenize" and self.token_ids is None:
+            raise ValueError("a detokenize query takes token_ids")
+
+
+@message
+@dataclass(frozen=True)
+class TokenizerAnswer:
+    """The answer to a TokenizerQuery: `body` (the JSON the REST server returns: vLLM's fields for
+    each route), or `error` naming `error_field` (a 400 for the client)."""
+
+    query_id: str
+    body: dict[str, Any] | None = None
+    error: str | None = None
+    error_field: str | None = None
 
 
 @message

@@ -51,6 +51,7 @@ from ipc.messages import (
     ServerInfoQuery,
     TokenDeltas,
     TokenizedRequest,
+    TokenizerQuery,
     TokenizerSpec,
     TopLogprob,
 )
@@ -59,6 +60,7 @@ from ipc.run_lock import remove_once_ended
 from procs.child import become, launcher_died, parent_alive, run_actor
 from procs.problem_log import ProblemLog
 from procs.prompt_checks import PromptError, fit_to_context, template_message
+from procs.tokenizer_queries import answer_query
 
 _IDLE_WAIT_S = 0.5
 _CLIENT_SEND_TIMEOUT_S = 1.0
@@ -160,6 +162,9 @@ class TokenizerProcess:
                 self.abort(_internal_id(routed.identity, msg.request_id))
             elif isinstance(msg, ServerInfoQuery):
                 self._send(routed.identity, self.server_info())
+            elif isinstance(msg, TokenizerQuery):
+                self._send(routed.identity, answer_query(self.tokenizer, msg, self.max_model_len,
+                                                         self.vocab_size))
             else:
                 self.log.warning("ignored a %s from a client", type(msg).__name__)
         self.submit_all(batch)

@@ -196,3 +196,46 @@ def test_echo_with_logprobs_scores_the_prompt_through_the_system(system):
     assert native.prompt_logprobs.tokens == scored["tokens"]
     assert native.prompt_logprobs.logprobs[1:] == pytest.approx(scored["token_logprobs"][1:], abs=1e-4)
     assert native.prompt_logprobs.ranks[0] is None and min(native.prompt_logprobs.ranks[1:]) >= 1
+
+
+def test_tokenize_counts_what_the_completions_serve_and_detokenize_inverts_it(system):
+    port, _ = system
+    prompt = "The capital of France is Paris. 東京"
+    tokens = post(port, "/tokenize", {"model": "tiny", "prompt": prompt, "return_token_strs": True}).json()
+    assert tokens["tokens"] == load_tokenizer(None).encode(prompt)
+    assert tokens["count"] == len(tokens["tokens"])
+    assert tokens["max_model_len"] == MAX_MODEL_LEN and len(tokens["token_strs"]) == tokens["count"]
+    served = post(port, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1}).json()
+    assert served["usage"]["prompt_tokens"] == tokens["count"]
+    assert post(port, "/detokenize", {"tokens": tokens["tokens"]}).json() == {"prompt": prompt}
+    assert post(port, "/detokenize", {"tokens": []}).json() == {"prompt": ""}
+    assert post(port, "/tokenize", {"prompt": prompt}).json()["token_strs"] is None
+
+
+def test_tokenize_a_chat_counts_the_chat_completions_prompt(system):
+    port, _ = system
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    for extra in ({}, {"tools": tools}, {"chat_template_kwargs": {"enable_thinking": False}},
+                  {"add_generation_prompt": False}):
+        counted = post(port, "/tokenize", {"messages": HELLO, **extra}).json()
+        served = post(port, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 1, **extra}).json()
+        assert counted["count"] == served["usage"]["prompt_tokens"], extra
+
+
+def test_tokenizer_info_names_the_special_tokens_and_bad_bodies_name_their_field(system):
+    port, _ = system
+    info = get(port, "/tokenizer_info").json()
+    assert info["eos_token"] == "<|im_end|>" and info["model_max_length"] == MAX_MODEL_LEN
+    assert info["chat_template"] is None and info["vocab_size"] == 151936  # the built-in vocabulary
+    refusals = [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "a", "messages": HELLO}, "prompt"),
+                ("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {"messages": []}, "messages"),
+                ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+                ("/detokenize", {}, "tokens"), ("/detokenize", {"tokens": [1, -2]}, "tokens"),
+                ("/detokenize", {"tokens": "12"}, "tokens"), ("/detokenize", {"tokens": [10**9]}, "tokens")]
+    for path, body, field in refusals:
+        reply = post(port, path, body)
+        assert reply.status == 400 and reply.json()["error"]["param"] == field, (path, body, reply.json())
+    assert post(port, "/tokenize", {"model": "other", "prompt": "a"}).status == 404
+    too_big = post(port, "/detokenize", {"tokens": [10**9]}).json()["error"]["message"]
+    assert "outside the model's vocabulary" in too_big
+    assert get(port, "/health").status == 200  # and the server serves on

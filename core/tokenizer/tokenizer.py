@@ -40,6 +40,8 @@ class Tokenizer(ABC):
     # Whether `encode` may run on several threads at once, without the GIL (tiktoken); transformers'
     # tokenizers may reconfigure themselves inside encode, so they say no.
     encodes_concurrently: bool = False
+    # The checkpoint's Jinja chat template, where it has one; None: the built-in Qwen3 ChatML renderer.
+    chat_template: str | None = None
 
     @abstractmethod
     def encode(self, text: str) -> list[int]: ...
@@ -104,6 +106,7 @@ class HFTokenizer(Tokenizer):
             {i for i, t in added.items() if t.special} | set(self._hf.all_special_ids)
         )
         self.eos_token_ids = self._find_eos_ids()
+        self.chat_template = self._hf.chat_template if isinstance(self._hf.chat_template, str) else None
         self.has_token_bytes = self._decodes_bytewise()
         self._bytes_cache: dict[int, bytes] = {}
 
