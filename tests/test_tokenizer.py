@@ -9,6 +9,7 @@ from tokenizers import Tokenizer as RustTokenizer
 
 from core.tokenizer import HFTokenizer, QwenVocabTokenizer, TokenizerError, load_tokenizer
 from core.tokenizer.qwen_vocab import QWEN3_SPECIAL_TOKENS, load_bpe_ranks, qwen_rank_file
+from procs.tokenizer_queries import tokenizer_info
 
 ROUND_TRIP_TEXTS = {
     "english": "The quick brown fox jumps over the lazy dog. It's 3:45 p.m., isn't it?",
@@ -235,3 +236,12 @@ def test_hf_directory_template_gets_the_tools(hf):
         assert hf.apply_chat_template([{"role": "user", "content": "q"}], tools=tools) == "a;b;q"
     finally:
         hf._hf.chat_template = template
+
+
+def test_tokenizer_info_has_a_checkpoints_jinja_template_and_special_tokens(hf, hf_without_template, qwen):
+    info = tokenizer_info(hf, max_model_len=4096, vocab_size=512)
+    assert info["chat_template"] == CHAT_TEMPLATE and info["eos_token"] == "<|im_end|>"
+    assert info["model_max_length"] == 4096 and info["tokenizer_class"] == "HFTokenizer"
+    assert tokenizer_info(hf_without_template, 4096, 512)["chat_template"] is None
+    built_in = tokenizer_info(qwen, 4096, 151936)
+    assert built_in["chat_template"] is None and built_in["pad_token"] == "<|endoftext|>"
