@@ -113,3 +113,18 @@ def parse_template_kwargs(fields: BodyFields) -> bool:
         raise invalid("chat_template_kwargs.enable_thinking",
                       f"'chat_template_kwargs.enable_thinking' must be a boolean, got {describe(enable)}")
     return enable
+
+
+def parse_continue_final_message(fields: BodyFields, turns: list[ChatTurn],
+                                 add_generation_prompt: bool) -> bool:
+    """vLLM's `continue_final_message`: the chat's last message, an assistant's, left open for the model
+    to continue (a prefilled answer); it needs add_generation_prompt false."""
+    if not fields.bool("continue_final_message", False):
+        return False
+    if add_generation_prompt:
+        raise invalid("continue_final_message", "continue_final_message and add_generation_prompt cannot "
+                      "both be true; set add_generation_prompt to false to continue the last message")
+    if turns[-1].role != "assistant":
+        raise invalid("messages", f"continue_final_message needs the last message to be the assistant's, "
+                      f"got role {turns[-1].role!r}")
+    return True

@@ -51,7 +51,7 @@ import numpy as np
 import orjson
 
 from api.body_fields import BodyFields, check_unknown, describe, is_int, is_token_id, require_noop
-from api.chat_messages import parse_messages, parse_template_kwargs
+from api.chat_messages import parse_continue_final_message, parse_messages, parse_template_kwargs
 from api.errors import ApiError, invalid
 from api.tool_fields import ToolSettings, parse_tool_fields
 from core.config import GenerationDefaults
@@ -71,8 +71,8 @@ _COMMON_FIELDS = frozenset({
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of", "prompt_logprobs"}
 CHAT_FIELDS = _COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
-    "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "response_format",
-    "prompt_logprobs",
+    "add_generation_prompt", "continue_final_message", "tools", "tool_choice", "parallel_tool_calls",
+    "response_format", "prompt_logprobs",
 }
 
 
@@ -172,6 +172,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
     messages = parse_messages(fields.get("messages", required=True))
     enable_thinking = parse_template_kwargs(fields)
     add_generation_prompt = fields.bool("add_generation_prompt", True)
+    continue_final = parse_continue_final_message(fields, messages, add_generation_prompt)
     tool_settings = parse_tool_fields(fields)
     require_noop(fields, "response_format", ({"type": "text"},), "only response_format {'type': 'text'} "
                   "is supported")
@@ -203,6 +204,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
             tools=tool_settings.tools,
             enable_thinking=enable_thinking,
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final,
             stream=True,
             skip_special_tokens=skip_special,
         )

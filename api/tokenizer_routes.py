@@ -7,7 +7,8 @@ tokenizer" for tools without the model's tokenizer files (lm-evaluation-harness'
 local-completions detects these three routes and tokenizes through them).
 
 * /tokenize: `prompt` (a string) or `messages` (a chat, with the chat endpoint's `tools`,
-  `add_generation_prompt` and `chat_template_kwargs`), plus `return_token_strs`;
+  `add_generation_prompt`, `continue_final_message` and `chat_template_kwargs`), plus
+  `return_token_strs`;
   `add_special_tokens` is accepted and changes nothing (Qwen3's tokenizer adds no BOS).
 * /detokenize: `tokens`, an array of token ids (empty gives "").
 * /tokenizer_info: no body.
@@ -27,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from api.body_fields import BodyFields, describe, is_token_id
-from api.chat_messages import parse_messages, parse_template_kwargs
+from api.chat_messages import parse_continue_final_message, parse_messages, parse_template_kwargs
 from api.client_errors import ClientError
 from api.errors import SERVER_ERROR, ApiError, error_object, invalid
 from api.protocol import ServedModel, parse_json_body
@@ -52,12 +53,13 @@ def parse_tokenize(body: Any, model: ServedModel, query_id: str, strict: bool) -
         if not isinstance(prompt, str):
             raise invalid("prompt", f"'prompt' must be a string, got {describe(prompt)}")
         return TokenizerQuery(query_id, "tokenize", prompt=prompt, return_token_strs=return_strs)
-    if fields.bool("continue_final_message", False):
-        raise invalid("continue_final_message", "continue_final_message is not supported")
-    return TokenizerQuery(query_id, "tokenize", messages=parse_messages(messages),
-                          tools=parse_tool_fields(fields).tools,
+    turns = parse_messages(messages)
+    add_generation_prompt = fields.bool("add_generation_prompt", True)
+    return TokenizerQuery(query_id, "tokenize", messages=turns, tools=parse_tool_fields(fields).tools,
                           enable_thinking=parse_template_kwargs(fields),
-                          add_generation_prompt=fields.bool("add_generation_prompt", True),
+                          add_generation_prompt=add_generation_prompt,
+                          continue_final_message=parse_continue_final_message(fields, turns,
+                                                                              add_generation_prompt),
                           return_token_strs=return_strs)
 
 

@@ -62,6 +62,7 @@ class GenerateRequest:
     tools: list[dict[str, Any]] | None = None  # chat only: the functions the model may call (OpenAI's form)
     enable_thinking: bool = True  # chat only: Qwen3's thinking switch
     add_generation_prompt: bool = True  # chat only
+    continue_final_message: bool = False  # chat only: the last (assistant) message left open
     stream: bool = True  # one OutputDelta per step; False: one at the end with everything
     detokenize: bool = True  # False: token ids only (batch jobs that decode themselves)
     skip_special_tokens: bool = True
@@ -102,6 +103,7 @@ class TokenizerQuery:
     tools: list[dict[str, Any]] | None = None
     enable_thinking: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     token_ids: list[int] | None = None
     return_token_strs: bool = False
 

@@ -1,5 +1,5 @@
 """What the tokenizer process checks of a prompt once it is tokenized, and how a chat turn reaches
-the chat template.
+the chat template (`chat_prompt_ids`: a chat's prompt ids, for requests and tokenizer queries alike).
 
 `fit_to_context` is the one place that knows a prompt's exact token count and max_model_len
 together: it fills in a max_tokens left out (up to the context) and refuses, with the numbers as
@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from core.sampling_params import SamplingParams
+from core.tokenizer.tokenizer import Tokenizer
 from ipc.messages import ChatTurn, ContextOverflow
 
 
@@ -56,3 +57,16 @@ def template_message(turn: ChatTurn) -> dict[str, Any]:
         message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                                  for c in turn.tool_calls]
     return message
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, turns: list[ChatTurn], tools: list[dict[str, Any]] | None,
+                    enable_thinking: bool, add_generation_prompt: bool,
+                    continue_final_message: bool) -> list[int]:
+    """A chat's prompt ids, rendered by the tokenizer's chat template; PromptError on `messages` when
+    the template refuses the chat."""
+    try:
+        text = tokenizer.apply_chat_template([template_message(t) for t in turns], add_generation_prompt,
+                                             enable_thinking, tools, continue_final_message)
+    except ValueError as exc:
+        raise PromptError("messages", str(exc)) from exc
+    return tokenizer.encode(text)

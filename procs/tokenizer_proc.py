@@ -59,7 +59,7 @@ from ipc.native_auth import start_key_check
 from ipc.run_lock import remove_once_ended
 from procs.child import become, launcher_died, parent_alive, run_actor
 from procs.problem_log import ProblemLog
-from procs.prompt_checks import PromptError, fit_to_context, template_message
+from procs.prompt_checks import PromptError, chat_prompt_ids, fit_to_context
 from procs.tokenizer_queries import answer_query
 
 _IDLE_WAIT_S = 0.5
@@ -221,13 +221,10 @@ class TokenizerProcess:
         elif request.prompt is not None:
             ids, where = self.tokenizer.encode(request.prompt), "prompt"
         else:
-            turns = [template_message(t) for t in request.messages or ()]
-            try:
-                text = self.tokenizer.apply_chat_template(turns, request.add_generation_prompt,
-                                                          request.enable_thinking, request.tools)
-            except ValueError as exc:
-                raise PromptError("messages", str(exc)) from exc
-            ids, where = self.tokenizer.encode(text), "messages"
+            ids = chat_prompt_ids(self.tokenizer, request.messages or [], request.tools,
+                                  request.enable_thinking, request.add_generation_prompt,
+                                  request.continue_final_message)
+            where = "messages"
         if not ids:
             raise PromptError(where, "the prompt is empty")
         if min(ids) < 0 or max(ids) >= self.vocab_size:

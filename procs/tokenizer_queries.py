@@ -19,7 +19,7 @@ from typing import Any
 
 from core.tokenizer.tokenizer import Tokenizer
 from ipc.messages import TokenizerAnswer, TokenizerQuery
-from procs.prompt_checks import template_message
+from procs.prompt_checks import PromptError, chat_prompt_ids
 
 
 def answer_query(tokenizer: Tokenizer, query: TokenizerQuery, max_model_len: int,
@@ -34,16 +34,12 @@ def answer_query(tokenizer: Tokenizer, query: TokenizerQuery, max_model_len: int
             return TokenizerAnswer(query.query_id, error=f"token id {bad} is outside the model's vocabulary "
                                    f"of {vocab_size}", error_field="tokens")
         return TokenizerAnswer(query.query_id, {"prompt": tokenizer.decode(ids)})
-    if query.prompt is not None:
-        ids = tokenizer.encode(query.prompt)
-    else:
-        turns = [template_message(turn) for turn in query.messages or ()]
-        try:
-            text = tokenizer.apply_chat_template(turns, query.add_generation_prompt, query.enable_thinking,
-                                                 query.tools)
-        except ValueError as exc:
-            return TokenizerAnswer(query.query_id, error=str(exc), error_field="messages")
-        ids = tokenizer.encode(text)
+    try:
+        ids = (tokenizer.encode(query.prompt) if query.prompt is not None else
+               chat_prompt_ids(tokenizer, query.messages or [], query.tools, query.enable_thinking,
+                               query.add_generation_prompt, query.continue_final_message))
+    except PromptError as exc:
+        return TokenizerAnswer(query.query_id, error=str(exc), error_field=exc.field)
     strs = [tokenizer.decode([i]) for i in ids] if query.return_token_strs else None
     return TokenizerAnswer(query.query_id, {"count": len(ids), "max_model_len": max_model_len,
                                             "tokens": ids, "token_strs": strs})

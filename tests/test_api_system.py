@@ -239,3 +239,18 @@ def test_tokenizer_info_names_the_special_tokens_and_bad_bodies_name_their_field
     too_big = post(port, "/detokenize", {"tokens": [10**9]}).json()["error"]["message"]
     assert "outside the model's vocabulary" in too_big
     assert get(port, "/health").status == 200  # and the server serves on
+
+
+def test_continue_final_message_prefills_the_answer(system):
+    port, _ = system
+    chat = [*HELLO, {"role": "assistant", "content": "Hello! My name is"}]
+    body = {"messages": chat, "add_generation_prompt": False, "continue_final_message": True}
+    served = post(port, "/v1/chat/completions", {**body, "max_tokens": 3, "temperature": 0})
+    assert served.status == 200, served
+    expected = load_tokenizer(None).encode(render_chatml(chat, False, continue_final_message=True))
+    assert served.json()["usage"]["prompt_tokens"] == len(expected)
+    assert post(port, "/tokenize", body).json()["tokens"] == expected
+    both = post(port, "/v1/chat/completions", {**body, "add_generation_prompt": True})
+    assert both.status == 400 and both.json()["error"]["param"] == "continue_final_message"
+    not_assistant = post(port, "/tokenize", {**body, "messages": HELLO})
+    assert not_assistant.status == 400 and not_assistant.json()["error"]["param"] == "messages"

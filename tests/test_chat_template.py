@@ -115,3 +115,15 @@ def test_rendered_prompt_encodes_control_tokens_to_special_ids():
     ids = load_tokenizer(None).encode(render_chatml(SYSTEM_USER, enable_thinking=False))
     assert ids[0] == 151644 and ids.count(151645) == 2
     assert ids[-7:] == [151644, 77091, 198, 151667, 271, 151668, 271]
+
+
+def test_continue_final_message_leaves_the_assistants_answer_open():
+    chat = [*SYSTEM_USER, {"role": "assistant", "content": "The answer is"}]
+    closed = render_chatml(chat, add_generation_prompt=False)
+    assert closed.endswith("The answer is<|im_end|>\n")
+    opened = render_chatml(chat, add_generation_prompt=False, continue_final_message=True)
+    assert opened == closed.removesuffix("<|im_end|>\n") and opened.endswith("\n\nThe answer is")
+    with pytest.raises(ValueError, match="cannot both be true"):
+        render_chatml(chat, add_generation_prompt=True, continue_final_message=True)
+    with pytest.raises(ValueError, match="last message to be the assistant's"):
+        render_chatml(SYSTEM_USER, add_generation_prompt=False, continue_final_message=True)

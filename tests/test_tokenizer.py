@@ -245,3 +245,11 @@ def test_tokenizer_info_has_a_checkpoints_jinja_template_and_special_tokens(hf, 
     assert tokenizer_info(hf_without_template, 4096, 512)["chat_template"] is None
     built_in = tokenizer_info(qwen, 4096, 151936)
     assert built_in["chat_template"] is None and built_in["pad_token"] == "<|endoftext|>"
+
+
+def test_a_checkpoints_template_continues_the_final_message_as_transformers_does(hf):
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I am"}]
+    text = hf.apply_chat_template(chat, add_generation_prompt=False, continue_final_message=True)
+    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello, I am"
+    with pytest.raises(ValueError, match="rejected the messages"):
+        hf.apply_chat_template(chat, add_generation_prompt=True, continue_final_message=True)

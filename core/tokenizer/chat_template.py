@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 ROLES = ("system", "user", "assistant", "tool")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_END_OF_TURN = "<|im_end|>\n"
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 _TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -164,7 +165,7 @@ def _render_assistant(message: ChatMessage, keep_reasoning: bool, is_last: bool)
              for name, arguments in message.tool_calls]
     if calls:
         body += ("\n" if answer else "") + "\n".join(calls)
-    return f"<|im_start|>assistant\n{body}<|im_end|>\n"
+    return f"<|im_start|>assistant\n{body}{_END_OF_TURN}"
 
 
 def _render_tools(tools: Sequence[Mapping], chat: Sequence[ChatMessage]) -> str:
@@ -188,10 +189,18 @@ def render_chatml(
     add_generation_prompt: bool = True,
     enable_thinking: bool = True,
     tools: Sequence[Mapping] | None = None,
+    continue_final_message: bool = False,
 ) -> str:
     """The Qwen3 prompt text for a chat, with the functions in `tools` offered to the model (see the
-    module docstring for the format)."""
+    module docstring for the format). `continue_final_message`: the last message, an assistant's, is
+    left open (no end of turn) for the model to continue; it excludes `add_generation_prompt`."""
     chat = parse_messages(messages)
+    if continue_final_message:
+        if add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        if not chat or chat[-1].role != "assistant":
+            raise ValueError("continue_final_message needs the last message to be the assistant's")
+        return render_chatml(messages, False, enable_thinking, tools).removesuffix(_END_OF_TURN)
     last_query = _last_query_index(chat)
     parts = [_render_tools(tools, chat)] if tools else []
     for index, message in enumerate(chat):

@@ -59,10 +59,11 @@ class Tokenizer(ABC):
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
         tools: Sequence[Mapping] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         """The prompt text for a chat offering `tools`, in the built-in Qwen3 ChatML form unless
-        overridden."""
-        return render_chatml(messages, add_generation_prompt, enable_thinking, tools)
+        overridden; `continue_final_message` leaves the last (assistant) message open."""
+        return render_chatml(messages, add_generation_prompt, enable_thinking, tools, continue_final_message)
 
 
 @cache
@@ -166,9 +167,11 @@ class HFTokenizer(Tokenizer):
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
         tools: Sequence[Mapping] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         if self._hf.chat_template is None:
-            return super().apply_chat_template(messages, add_generation_prompt, enable_thinking, tools)
+            return super().apply_chat_template(messages, add_generation_prompt, enable_thinking, tools,
+                                               continue_final_message)
         flat = flatten_contents(messages)
         try:
             text = self._hf.apply_chat_template(
@@ -176,6 +179,7 @@ class HFTokenizer(Tokenizer):
                 tools=list(tools) if tools else None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
                 enable_thinking=enable_thinking,
             )
         except Exception as exc:  # jinja2 raises its own types, templates raise_exception(...)
