@@ -12,11 +12,11 @@ Choices of this server, where OpenAI and vLLM leave room:
 * A field given as `null` counts as left out. Fields left out take the checkpoint's generation
   defaults (temperature, top_p, top_k, min_p, repetition_penalty), as vLLM does.
 * Unknown fields are ignored with one warning per field name, as vLLM does: routers and SDKs add
-  fields of their own (the SGLang gateway's `no_stop_trim`, `continue_final_message`). With
+  fields of their own (the SGLang gateway's `no_stop_trim`). With
   `strict_fields` (`--strict-request-fields`) they are refused (400, `param` = the field), so a typo
   never silently changes nothing. Bad values of known fields are refused either way. A few OpenAI
-  fields this server cannot honour are accepted only at their no-op value (`logit_bias` empty,
-  `response_format` text, ...).
+  fields this server cannot honour are accepted only at their no-op value (`response_format` text,
+  ...).
 * `tools` (function calling; api/tool_fields.py): offered to the model through the chat template,
   and the reply's calls come back as `tool_calls` with finish_reason "tool_calls". `tool_choice`
   "auto" and "none" are honoured; "required" and a named function are refused (they need
@@ -223,7 +223,6 @@ def _check_model(fields: BodyFields, model: ServedModel) -> str:
     if name is not None and name != model.name:
         raise ApiError(404, f"the model {name!r} does not exist; this server serves {model.name!r}", "model")
     fields.str("user")  # accepted for OpenAI compatibility; not used
-    require_noop(fields, "logit_bias", ({},), "logit_bias is not supported")
     return model.name
 
 
@@ -339,11 +338,31 @@ def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | N
             min_tokens=fields.int("min_tokens", None, None, default=0),  # type: ignore[arg-type]
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            logit_bias=_parse_logit_bias(fields),
         )
     except SamplingParamsError as e:
         param = {"max_tokens": max_field, "logprobs": logprobs_field}.get(e.field, e.field)
         message = str(e).removeprefix(f"{e.field}: ")
         raise invalid(param, f"'{param}' {message}") from None
+
+
+def _parse_logit_bias(fields: BodyFields) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: {"token id": bias}; SamplingParams checks the ranges."""
+    value = fields.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise invalid("logit_bias", "'logit_bias' must be an object of token ids to biases, got "
+                      f"{describe(value)}")
+    pairs = []
+    for key, bias in value.items():
+        if not key.isdigit():
+            raise invalid("logit_bias", "'logit_bias' keys must be token ids (non-negative integers), "
+                          f"got {key!r}")
+        if not isinstance(bias, int | float) or isinstance(bias, bool):
+            raise invalid("logit_bias", f"'logit_bias[{key}]' must be a number, got {describe(bias)}")
+        pairs.append((int(key), float(bias)))
+    return tuple(pairs)
 
 
 def _knob(fields: BodyFields, name: str, dtype: type, defaults: GenerationDefaults) -> float | int | None:

@@ -19,18 +19,19 @@ import numpy as np
 
 from core.sampling_params import DEFAULT_SAMPLING_ROW, SAMPLING_DTYPE
 
-# An array's length: B requests, B+1 (prefix sums), BW (B rows of W pages), T tokens, H history ids.
-DIMS = ("B", "B+1", "BW", "T", "H")
+# An array's length: B requests, B+1 (prefix sums), BW (B rows of W pages), T tokens, H history ids,
+# L logit-bias entries.
+DIMS = ("B", "B+1", "BW", "T", "H", "L")
 
 
 def column(dtype, dim: str, neutral=None):
     """A StepPlan array field of `dtype` and length `dim` (one of DIMS). With a `neutral` value the
-    field may be left out: a B or B+1 field is then filled with it, an H field is empty."""
+    field may be left out: a B or B+1 field is then filled with it, an H or L field is empty."""
     assert dim in DIMS, dim
     metadata = {"dtype": np.dtype(dtype), "dim": dim, "neutral": neutral}
     if neutral is None:
         return field(metadata=metadata)
-    assert dim in ("B", "B+1", "H"), f"a {dim} field has no length to fill without the plan's tokens"
+    assert dim in ("B", "B+1", "H", "L"), f"a {dim} field has no length to fill without the plan's tokens"
     return field(metadata=metadata, default=None)
 
 
@@ -50,6 +51,11 @@ class StepPlan:
     history_start: np.ndarray = column(np.int32, "B+1", neutral=0)
     history_prompt_len: np.ndarray = column(np.int32, "B", neutral=0)  # how many history ids are prompt
     history_ids: np.ndarray = column(np.int32, "H", neutral=0)
+    # logit bias, only for requests that sample with one (ragged: request r's entries are
+    # bias_start[r]:bias_start[r + 1])
+    bias_start: np.ndarray = column(np.int32, "B+1", neutral=0)
+    bias_ids: np.ndarray = column(np.int32, "L", neutral=0)
+    bias_values: np.ndarray = column(np.float32, "L", neutral=0)
     # --- per token (T) --------------------------------------------------------------------------
     input_ids: np.ndarray = column(np.int32, "T")
     positions: np.ndarray = column(np.int32, "T")  # absolute position in the sequence
@@ -66,7 +72,7 @@ class StepPlan:
     next_prompt_id: np.ndarray = column(np.int32, "B", neutral=-1)
 
     def __post_init__(self) -> None:
-        lengths = {"B": len(self.seq_lens), "B+1": len(self.seq_lens) + 1, "H": 0}
+        lengths = {"B": len(self.seq_lens), "B+1": len(self.seq_lens) + 1, "H": 0, "L": 0}
         for name, dtype, dim, neutral in _NEUTRAL_FIELDS:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(lengths[dim], neutral, dtype))

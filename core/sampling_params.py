@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 
 
 class SamplingParamsError(ValueError):
@@ -46,6 +47,9 @@ class SamplingParams:
     logprobs: int | None = None  # None = none; 0 = the sampled token's only; N = and the top N
     # None = none; 0 = each prompt token's own logprob (the first has none); N = and the top N
     prompt_logprobs: int | None = None
+    # (token id, bias) pairs added to those tokens' logits before the penalties and the draw; logprobs
+    # stay the raw model's (OpenAI's logit_bias; ids unique, biases in [-100, 100])
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         def fail(field: str, message: str) -> None:
@@ -80,6 +84,15 @@ class SamplingParams:
             fail("stop", "every stop string must be a non-empty string")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             fail("stop_token_ids", "every stop token id must be a non-negative integer")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            fail("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens, got {len(self.logit_bias)}")
+        for token_id, bias in self.logit_bias:
+            if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+                fail("logit_bias", f"token ids must be non-negative integers, got {token_id!r}")
+            if not -100.0 <= bias <= 100.0:  # NaN fails too
+                fail("logit_bias", f"the bias of token {token_id} must be in [-100, 100], got {bias}")
+        if len({token_id for token_id, _ in self.logit_bias}) != len(self.logit_bias):
+            fail("logit_bias", "a token id is given twice")
 
     @property
     def is_greedy(self) -> bool:

@@ -1,10 +1,11 @@
 """A StepPlan's bytes in a shared-memory ring slot: the layout both sides of the ring agree on.
 
-    [0, 64)        header: step_id, replica, B, T, W, H as int64, two spare words
+    [0, 64)        header: step_id, replica, B, T, W, H, L as int64, one spare word
     then           every array of the plan in StepPlan's field order, each 64-byte aligned
                    (`sampling` is one array of records, SAMPLING_DTYPE of core/sampling_params.py)
 
-B requests, T tokens, W pages in the widest block-table row, H penalty-history ids. `pack_plan`
+B requests, T tokens, W pages in the widest block-table row, H penalty-history ids, L logit-bias
+entries. `pack_plan`
 writes a plan into any writable buffer; `unpack_plan` reads it back as zero-copy views.
 """
 
@@ -19,41 +20,53 @@ from core.plan import StepPlan, plan_arrays
 
 # Alignment of every array inside a packed plan, so views are aligned for any dtype and DMA.
 ALIGN = 64
-_HEADER_WORDS = 8  # step_id, replica, B, T, W, H, then two spare words
+_HEADER_WORDS = 8  # step_id, replica, B, T, W, H, L, then one spare word
 _PLAN_ARRAYS = plan_arrays()
 
 
-def _shape(kind: str, b: int, t: int, w: int, h: int) -> tuple[int, ...]:
-    return {"B": (b,), "B+1": (b + 1,), "BW": (b, w), "T": (t,), "H": (h,)}[kind]
+def _shape(kind: str, b: int, t: int, w: int, h: int, bias: int) -> tuple[int, ...]:
+    return {"B": (b,), "B+1": (b + 1,), "BW": (b, w), "T": (t,), "H": (h,), "L": (bias,)}[kind]
 
 
 @functools.lru_cache(maxsize=1024)  # decode steps repeat a handful of shapes
-def _layout(b: int, t: int, w: int, h: int) -> tuple[list[tuple[str, np.dtype, tuple, int, int]], int]:
+def _layout(b: int, t: int, w: int, h: int,
+            bias: int) -> tuple[list[tuple[str, np.dtype, tuple, int, int]], int]:
     """(name, dtype, shape, byte offset, element count) of every array, and the total bytes."""
     offset = _HEADER_WORDS * 8
     layout = []
     for name, dtype, kind in _PLAN_ARRAYS:
         offset = -(-offset // ALIGN) * ALIGN
-        shape = _shape(kind, b, t, w, h)
+        shape = _shape(kind, b, t, w, h, bias)
         count = math.prod(shape)
         layout.append((name, dtype, shape, offset, count))
         offset += count * dtype.itemsize
     return layout, offset
 
 
-def packed_plan_nbytes(num_reqs: int, num_tokens: int, width: int, num_history: int) -> int:
-    return _layout(num_reqs, num_tokens, width, num_history)[1]
+def packed_plan_nbytes(num_reqs: int, num_tokens: int, width: int, num_history: int,
+                       num_bias: int = 0) -> int:
+    return _layout(num_reqs, num_tokens, width, num_history, num_bias)[1]
+
+
+def plan_nbytes(plan: StepPlan) -> int:
+    """The bytes `pack_plan` writes for `plan`."""
+    return _layout(*_dims(plan))[1]
+
+
+def _dims(plan: StepPlan) -> tuple[int, int, int, int, int]:
+    """B, T, W, H, L of a plan."""
+    return (plan.num_reqs, plan.num_tokens, plan.block_table.shape[1], len(plan.history_ids),
+            len(plan.bias_ids))
 
 
 def pack_plan(plan: StepPlan, buffer: memoryview | np.ndarray) -> int:
     """Write `plan` into `buffer` (a shared-memory slot, say); returns the bytes used."""
-    b, t = plan.num_reqs, plan.num_tokens
-    w, h = plan.block_table.shape[1], len(plan.history_ids)
-    layout, nbytes = _layout(b, t, w, h)
+    dims = _dims(plan)
+    layout, nbytes = _layout(*dims)
     out = np.frombuffer(buffer, dtype=np.uint8)
     if nbytes > out.nbytes:
         raise ValueError(f"step {plan.step_id} needs {nbytes} bytes, the slot holds {out.nbytes}")
-    out[: _HEADER_WORDS * 8].view(np.int64)[:6] = (plan.step_id, plan.replica, b, t, w, h)
+    out[: _HEADER_WORDS * 8].view(np.int64)[:7] = (plan.step_id, plan.replica, *dims)
     for name, dtype, shape, offset, count in layout:
         if count:
             np.frombuffer(buffer, dtype, count, offset).reshape(shape)[...] = getattr(plan, name)
@@ -63,9 +76,9 @@ def pack_plan(plan: StepPlan, buffer: memoryview | np.ndarray) -> int:
 def unpack_plan(buffer: memoryview | np.ndarray) -> StepPlan:
     """Read a packed plan back; the arrays are views into `buffer`, not copies."""
     raw = np.frombuffer(buffer, dtype=np.uint8)
-    step_id, replica, b, t, w, h = (int(x) for x in raw[: _HEADER_WORDS * 8].view(np.int64)[:6])
+    step_id, replica, *dims = (int(x) for x in raw[: _HEADER_WORDS * 8].view(np.int64)[:7])
     arrays = {name: np.frombuffer(buffer, dtype, count, offset).reshape(shape) if count
-              else np.zeros(shape, dtype) for name, dtype, shape, offset, count in _layout(b, t, w, h)[0]}
+              else np.zeros(shape, dtype) for name, dtype, shape, offset, count in _layout(*dims)[0]}
     return StepPlan(step_id=step_id, replica=replica, **arrays)
 
 

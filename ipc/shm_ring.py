@@ -36,7 +36,7 @@ from collections.abc import Callable
 import numpy as np
 
 from core.plan import StepPlan
-from ipc.plan_layout import pack_plan, packed_plan_header, packed_plan_nbytes, unpack_plan
+from ipc.plan_layout import pack_plan, packed_plan_header, plan_nbytes, unpack_plan
 
 SHM_DIR = "/dev/shm"
 
@@ -274,9 +274,7 @@ class StepRing:
         self._buf()  # raises if closed
         if self.rank is not None:
             raise RingError(f"ring {self.name}: reader tp={self.rank} cannot write")
-        nbytes = packed_plan_nbytes(
-            plan.num_reqs, plan.num_tokens, plan.block_table.shape[1], len(plan.history_ids)
-        )
+        nbytes = plan_nbytes(plan)
         if nbytes > self.slot_bytes:
             raise ValueError(
                 f"ring {self.name}: step {plan.step_id} packs to {nbytes} bytes, "

@@ -47,6 +47,13 @@ def fit_to_context(params: SamplingParams, num_prompt_tokens: int, max_model_len
     raise PromptError(field_name, overflow.describe(), overflow)
 
 
+def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
+    """PromptError on `logit_bias` when it names a token outside the model's vocabulary."""
+    bad = next((token_id for token_id, _ in params.logit_bias if token_id >= vocab_size), None)
+    if bad is not None:
+        raise PromptError("logit_bias", f"token id {bad} is outside the model's vocabulary of {vocab_size}")
+
+
 def template_message(turn: ChatTurn) -> dict[str, Any]:
     """A chat turn as the chat template takes it (tool calls in OpenAI's form); reasoning_content
     and tool_calls only where the client gave them."""

@@ -44,7 +44,7 @@ from ipc.messages import (
     TokenDeltas,
     TokenizedRequest,
 )
-from ipc.plan_layout import pack_plan, packed_plan_nbytes
+from ipc.plan_layout import pack_plan, plan_nbytes
 from ipc.shm_ring import RingError, cleanup_stale, run_prefix
 from ipc.step_frames import result_from_frames
 from procs.child import become, parent_alive, run_actor
@@ -194,12 +194,11 @@ class SchedulerProcess:
 
     def broadcast(self, replica: Replica, plan: StepPlan) -> None:
         """Put the plan where every TP rank reads it and ring their doorbell once."""
-        nbytes = packed_plan_nbytes(plan.num_reqs, plan.num_tokens, plan.block_table.shape[1],
-                                    len(plan.history_ids))
+        nbytes = plan_nbytes(plan)
         if nbytes <= replica.ring.slot_bytes:
             slot = replica.ring.write(plan, _RING_WRITE_TIMEOUT_S)
             replica.doorbell.send(StepReady(plan.step_id, slot))
-        else:  # a rare oversized plan (long penalty histories) travels as a frame instead
+        else:  # a rare oversized plan (long penalty histories, many biases) travels as a frame instead
             frame = bytearray(nbytes)
             pack_plan(plan, frame)
             replica.doorbell.send(StepReady(plan.step_id, -1), frames=[frame])

@@ -133,7 +133,14 @@ MALFORMED = [
     ("completions", {**COMPLETION, "prompt_logprobs": -1}, 400, "prompt_logprobs", ">= 0"),
     ("completions", {**COMPLETION, "max_tokens": 0}, 400, "max_tokens", ">= 1"),
     ("completions", {**COMPLETION, "suffix": "end"}, 400, "suffix", "not supported"),
-    ("completions", {**COMPLETION, "logit_bias": {"50256": -100}}, 400, "logit_bias", "not supported"),
+    # logit_bias
+    ("completions", {**COMPLETION, "logit_bias": [1, 2]}, 400, "logit_bias", "must be an object"),
+    ("completions", {**COMPLETION, "logit_bias": {"a": 1}}, 400, "logit_bias", "keys must be token ids"),
+    ("completions", {**COMPLETION, "logit_bias": {"-5": 1}}, 400, "logit_bias", "keys must be token ids"),
+    ("completions", {**COMPLETION, "logit_bias": {"5": "1"}}, 400, "logit_bias", "must be a number"),
+    ("chat", {**CHAT, "logit_bias": {"5": 101}}, 400, "logit_bias", "must be in [-100, 100], got 101"),
+    ("chat", {**CHAT, "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "logit_bias",
+     "at most 1024 tokens"),
     ("chat", {**CHAT, "tools": [{"type": "function"}]}, 400, "tools[0].function", "must be an object"),
     ("chat", {**CHAT, "tool_choice": "required"}, 400, "tool_choice", "constrained decoding"),
     ("chat", {**CHAT, "response_format": {"type": "json_object"}}, 400, "response_format", "'text'"),
@@ -180,9 +187,10 @@ def test_unknown_fields_are_ignored_with_one_warning_per_name(caplog, monkeypatc
         chat(continue_final_message=False, stream=True, stream_options={"include_usage": True, "x_new": 1})
     assert parsed.requests[0].params.max_tokens == 3
     warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 3, warnings  # the second completion names nothing new
+    # the second completion names nothing new; continue_final_message (false) is a chat field
+    assert len(warnings) == 2, warnings
     assert all(f"'{name}'" in warnings[0] for name in router_fields) and "/v1/completions" in warnings[0]
-    assert "'continue_final_message'" in warnings[1] and "'stream_options.x_new'" in warnings[2]
+    assert "'stream_options.x_new'" in warnings[1]
 
 
 def test_strict_fields_refuse_what_the_router_adds():
@@ -313,6 +321,12 @@ def test_continuous_usage_stats_takes_include_usage_as_vllm_does():
     assert completion(stream=True, stream_options=both).continuous_usage is True
     assert chat(stream=True, stream_options={"continuous_usage_stats": True}).continuous_usage is False
     assert completion(stream=True, stream_options={"include_usage": True}).continuous_usage is False
+
+
+def test_logit_bias_reaches_every_choices_sampling_params():
+    parsed = chat(logit_bias={"151645": -100, "7": 2.5}, n=2)
+    assert all(r.params.logit_bias == ((151645, -100.0), (7, 2.5)) for r in parsed.requests)
+    assert completion().requests[0].params.logit_bias == ()
 
 
 def test_noop_values_of_unsupported_fields_are_accepted():

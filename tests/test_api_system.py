@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -254,3 +255,21 @@ def test_continue_final_message_prefills_the_answer(system):
     assert both.status == 400 and both.json()["error"]["param"] == "continue_final_message"
     not_assistant = post(port, "/tokenize", {**body, "messages": HELLO})
     assert not_assistant.status == 400 and not_assistant.json()["error"]["param"] == "messages"
+
+
+def test_logit_bias_steers_the_real_sampler_and_an_unknown_token_is_refused(system):
+    port, address = system
+    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "logprobs": 1}
+    forced = post(port, "/v1/completions", {**body, "logit_bias": {"1000": 100}}).json()["choices"][0]
+    assert forced["logprobs"]["tokens"] == [load_tokenizer(None).decode([1000])] * 4
+    assert forced["logprobs"]["token_logprobs"][0] < -1.0  # the logprobs stay the model's own
+    refused = post(port, "/v1/completions", {**body, "logit_bias": {str(10**6): 5}})
+    assert refused.status == 400 and refused.json()["error"]["param"] == "logit_bias"
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    with Client(address, timeout_s=60, api_key=KEY) as client:  # async scheduling on: placeholder rows
+        (plain,) = client.generate(["Once upon a time"], greedy)
+        ban = ((plain.token_ids[0], -100.0),)
+        (banned,) = client.generate(["Once upon a time"], replace(greedy, logit_bias=ban))
+        seeded = replace(greedy, temperature=0.7, seed=1, logit_bias=((1000, 100.0),))
+        (sampled,) = client.generate(["Once upon a time"], seeded)
+    assert banned.token_ids[0] != plain.token_ids[0] and sampled.token_ids == [1000] * 4

@@ -45,7 +45,9 @@ def mixed_step() -> StepPlan:
                              repetition_penalty=[1.1, 1.0, 1.3], presence_penalty=[0.5, -0.25, 0.0],
                              frequency_penalty=[0.0, 0.125, -2.0]).items():
         sampling[name] = values
-    return replace(plan, replica=3, sampling=sampling)
+    bias = dict(bias_start=np.array([0, 2, 3, 3], np.int32), bias_ids=np.array([7, 151000, 42], np.int32),
+                bias_values=np.array([5.0, -100.0, 0.5], np.float32))
+    return replace(plan, replica=3, sampling=sampling, **bias)
 
 
 def decode_batch() -> StepPlan:
@@ -61,7 +63,7 @@ PLANS = {"single_prefill": single_prefill, "mixed_step": mixed_step, "decode_bat
 
 def plan_nbytes(plan: StepPlan) -> int:
     width, num_history = plan.block_table.shape[1], len(plan.history_ids)
-    return packed_plan_nbytes(plan.num_reqs, plan.num_tokens, width, num_history)
+    return packed_plan_nbytes(plan.num_reqs, plan.num_tokens, width, num_history, len(plan.bias_ids))
 
 
 def assert_plans_equal(ours: StepPlan, expected: StepPlan) -> None:
@@ -145,6 +147,7 @@ def test_packed_plan_nbytes_grows_with_every_dimension():
     assert packed_plan_nbytes(4, 65 + 16, 8, 16) > base
     assert packed_plan_nbytes(4, 64, 8 + 16, 16) > base
     assert packed_plan_nbytes(4, 64, 8, 16 + 16) > base
+    assert packed_plan_nbytes(4, 64, 8, 16, 16) > base
 
 
 @pytest.mark.parametrize("make", PLANS.values(), ids=PLANS.keys())

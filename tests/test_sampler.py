@@ -15,13 +15,14 @@ History = list[tuple[list[int], list[int]]]
 
 
 def make_plan(num_reqs: int, history: History | None = None, logits_index=None, output_pos=0,
-              **sampling) -> StepPlan:
+              bias: list[dict[int, float]] | None = None, **sampling) -> StepPlan:
     """A decode step of `num_reqs` requests; sampling columns broadcast from scalars or per-request lists
     (the others at SamplingParams' defaults).
 
-    `history` holds one (prompt ids, output ids) pair per request.
+    `history` holds one (prompt ids, output ids) pair per request; `bias` one {token id: bias} each.
     """
     history = history or [([], [])] * num_reqs
+    bias = bias or [{}] * num_reqs
     lengths = [len(prompt) + len(output) for prompt, output in history]
     ids = [token for prompt, output in history for token in prompt + output]
     return StepPlan(
@@ -36,14 +37,17 @@ def make_plan(num_reqs: int, history: History | None = None, logits_index=None, 
         history_start=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
         history_prompt_len=np.array([len(prompt) for prompt, _ in history], dtype=np.int32),
         history_ids=np.array(ids, dtype=np.int32),
+        bias_start=np.concatenate([[0], np.cumsum([len(b) for b in bias])]).astype(np.int32),
+        bias_ids=np.array([t for b in bias for t in b], dtype=np.int32),
+        bias_values=np.array([v for b in bias for v in b.values()], dtype=np.float32),
         input_ids=np.zeros(num_reqs, dtype=np.int32),
         positions=np.zeros(num_reqs, dtype=np.int32),
         kv_index=np.zeros(num_reqs, dtype=np.int64),
     )
 
 
-def sample(logits: torch.Tensor, history=None, **sampling):
-    plan = make_plan(logits.shape[0], history, **sampling)
+def sample(logits: torch.Tensor, history=None, bias=None, **sampling):
+    plan = make_plan(logits.shape[0], history, bias=bias, **sampling)
     return Sampler()(logits, SamplingTensors.from_plan(plan, plan.sampled_rows, "cpu"))
 
 
@@ -241,3 +245,28 @@ def test_empty_batch_samples_nothing():
     plan = make_plan(0)
     out = Sampler()(torch.zeros(0, 10), SamplingTensors.from_plan(plan, plan.sampled_rows, "cpu"))
     assert out.token_ids.shape == (0,)
+
+
+def test_logit_bias_moves_the_draw_and_leaves_the_logprobs_raw():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]]).expand(4, -1).contiguous()
+    bias = [{0: 5.0}, {1: -100.0}, {}, {3: 100.0, 1: -1.0}]
+    greedy = sample(logits, bias=bias, temperature=0.0, num_logprobs=0)
+    assert greedy.token_ids.tolist() == [0, 2, 1, 3]
+    raw = torch.log_softmax(logits, dim=-1)
+    drawn = raw.gather(-1, greedy.token_ids.long()[:, None]).squeeze(-1)
+    assert torch.allclose(greedy.sampled_logprobs, drawn)
+    many = logits[:1].expand(64, -1).contiguous()
+    seeded = sample(many, bias=[{3: 100.0}] * 64, temperature=1.0, seed=np.arange(64))
+    assert seeded.token_ids.tolist() == [3] * 64  # e^100 outweighs every other token
+    banned = sample(many, bias=[{1: -100.0, 2: -100.0}] * 64, temperature=1.0, seed=np.arange(64))
+    assert set(banned.token_ids.tolist()) <= {0, 3}
+
+
+def test_from_plan_takes_the_logit_bias_of_the_sampled_rows_only():
+    plan = make_plan(3, logits_index=[0, -1, 2], bias=[{5: 1.0}, {6: 2.0}, {7: -3.0, 8: 4.0}])
+    st = SamplingTensors.from_plan(plan, plan.sampled_rows, "cpu")
+    assert st.bias_rows.tolist() == [0, 1, 1] and st.bias_ids.tolist() == [5, 7, 8]
+    assert st.bias_values.tolist() == [1.0, -3.0, 4.0] and st.any_bias and st.max_bias_id == 8
+    assert not SamplingTensors.from_plan(make_plan(2), np.arange(2), "cpu").any_bias
+    with pytest.raises(ValueError, match="logit bias names token id 8"):
+        Sampler()(torch.zeros(2, 8), st)

@@ -124,8 +124,10 @@ class DecodeGraphs:
 
     def can_sample(self, st: SamplingTensors) -> bool:
         """Whether the sampling graph draws this step's tokens: rows that sample randomly, none with
-        penalties, every top_k one the graph's candidates hold (sampler.py's `candidate_count`)."""
-        if self._last_size not in self._sampling_graphs or st.all_greedy or st.any_penalties:
+        penalties or a logit bias, every top_k one the graph's candidates hold (sampler.py's
+        `candidate_count`)."""
+        if (self._last_size not in self._sampling_graphs or st.all_greedy or st.any_penalties
+                or st.any_bias):
             return False
         return candidate_count(st.max_top_k, self.vocab_size) <= self.num_candidates
 

@@ -90,6 +90,10 @@ class SamplingTensors:
     history_rows: torch.Tensor  # int64 [H]  row in 0..N-1
     history_ids: torch.Tensor  # int64 [H]  token id
     history_is_output: torch.Tensor  # bool [H]  False = prompt token (repetition penalty only)
+    # Logit bias flattened to one entry per (row, token), only for rows that have one.
+    bias_rows: torch.Tensor  # int64 [L]  row in 0..N-1
+    bias_ids: torch.Tensor  # int64 [L]  token id
+    bias_values: torch.Tensor  # float32 [L]  added to that token's logit
     # Host-side flags, computed once so the sampler never syncs to decide what to skip.
     all_greedy: bool
     any_penalties: bool  # some row has a non-default penalty and a non-empty history
@@ -98,6 +102,11 @@ class SamplingTensors:
     full_rows: np.ndarray  # int64: the rows that sample randomly without one (the full-row path)
     max_num_logprobs: int  # -1 when no row wants logprobs (or N = 0)
     max_history_id: int  # -1 when the flattened history is empty
+    max_bias_id: int = -1  # -1 when no row has a logit bias
+
+    @property
+    def any_bias(self) -> bool:
+        return self.max_bias_id >= 0
 
     def __post_init__(self) -> None:
         n = self.num_rows
@@ -110,6 +119,11 @@ class SamplingTensors:
             shape = tuple(getattr(self, name).shape)
             if shape != (h,):
                 raise ValueError(f"SamplingTensors.{name} has shape {shape}, expected ({h},)")
+        num_bias = self.bias_ids.shape[0]
+        for name in ("bias_rows", "bias_values"):
+            shape = tuple(getattr(self, name).shape)
+            if shape != (num_bias,):
+                raise ValueError(f"SamplingTensors.{name} has shape {shape}, expected ({num_bias},)")
 
     @property
     def num_rows(self) -> int:
@@ -136,6 +150,12 @@ class SamplingTensors:
             raise ValueError(f"step {plan.step_id}: request {int(rows[history_rows[bad]])} has history "
                              f"token id {int(history_ids[bad])} < 0")
 
+        bias_rows, bias_ids, bias_values = _flatten_bias(plan, rows)
+        if len(bias_ids) and bias_ids.min() < 0:
+            bad = int(np.flatnonzero(bias_ids < 0)[0])
+            raise ValueError(f"step {plan.step_id}: request {int(rows[bias_rows[bad]])} has logit bias "
+                             f"token id {int(bias_ids[bad])} < 0")
+
         temperature, top_k = settings["temperature"], settings["top_k"]
         num_logprobs = settings["num_logprobs"]
         random = temperature != 0.0
@@ -161,6 +181,9 @@ class SamplingTensors:
             history_rows=put(history_rows, torch.int64),
             history_ids=put(history_ids, torch.int64),
             history_is_output=put(history_is_output, torch.bool),
+            bias_rows=put(bias_rows, torch.int64),
+            bias_ids=put(bias_ids, torch.int64),
+            bias_values=put(bias_values, torch.float32),
             all_greedy=not random.any(),
             any_penalties=len(history_ids) > 0,
             max_top_k=int(top_k[random].max()) if random.any() else 0,
@@ -168,6 +191,7 @@ class SamplingTensors:
             full_rows=np.flatnonzero(random & (top_k == 0)),
             max_num_logprobs=int(num_logprobs.max()) if len(rows) else -1,
             max_history_id=int(history_ids.max()) if len(history_ids) else -1,
+            max_bias_id=int(bias_ids.max()) if len(bias_ids) else -1,
         )
 
 
@@ -183,6 +207,15 @@ def _flatten_history(
     history_ids = plan.history_ids[np.repeat(starts, lengths) + offsets]
     is_output = offsets >= np.repeat(plan.history_prompt_len[rows], lengths)
     return history_rows, history_ids, is_output
+
+
+def _flatten_bias(plan: StepPlan, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, token id, bias) per logit-bias entry of `rows`, without a Python loop."""
+    starts = plan.bias_start[rows].astype(np.int64)
+    lengths = plan.bias_start[rows + 1] - starts
+    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    index = np.repeat(starts, lengths) + offsets
+    return np.repeat(np.arange(len(rows)), lengths), plan.bias_ids[index], plan.bias_values[index]
 
 
 class SamplerOutput(NamedTuple):
@@ -208,9 +241,13 @@ class Sampler:
             raise ValueError(
                 f"penalty history holds token id {st.max_history_id}, the vocabulary has {vocab_size}"
             )
+        if st.max_bias_id >= vocab_size:
+            raise ValueError(f"a logit bias names token id {st.max_bias_id}, the vocabulary has {vocab_size}")
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if st.max_num_logprobs >= 0 else None
         if drawn is None:
+            if st.any_bias:  # a new tensor: the caller's logits (a graph's output) stay as they are
+                logits = logits.index_put((st.bias_rows, st.bias_ids), st.bias_values, accumulate=True)
             if st.any_penalties:
                 logits = apply_penalties(logits, st)
             drawn = sample_tokens(logits, st)

@@ -44,12 +44,16 @@ class RunningTable:
         self.sampling = np.zeros(num_rows, SAMPLING_DTYPE)  # one record of settings per row
         self.has_penalties = np.zeros(num_rows, bool)
         self.num_scoring_prompts = 0  # running requests that asked for prompt logprobs
+        self.logit_bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (ids, biases), if any
 
     def assign(self, request: Request) -> None:
         row = request.row = self._free.pop()
         self.sampling[row] = sampling_row(request.sampling_params, request.seed)
         self.has_penalties[row] = request.sampling_params.has_penalties
         self.num_scoring_prompts += request.prompt_scores is not None
+        if request.sampling_params.logit_bias:
+            ids, biases = zip(*request.sampling_params.logit_bias, strict=True)
+            self.logit_bias[row] = (np.array(ids, np.int32), np.array(biases, np.float32))
 
     def add_pages(self, request: Request, pages: list[int]) -> None:
         start = len(request.pages)
@@ -65,6 +69,7 @@ class RunningTable:
         self.block_table[request.row, : len(request.pages)] = 0
         self._free.append(request.row)
         self.num_scoring_prompts -= request.prompt_scores is not None
+        self.logit_bias.pop(request.row, None)
         request.row = None
 
     # --- the plan gathered from the table_rows ----------------------------------------------------------
@@ -102,7 +107,24 @@ class RunningTable:
             sampling=np.take(self.sampling, table_rows), output_pos=num_tokens - prompt_len,
             input_ids=input_ids, positions=positions, kv_index=kv_index, prev_row=prev_row, **history,
             **(prompt_columns(scheduled, seq_lens) if self.num_scoring_prompts else {}),
+            **(self._logit_bias(table_rows, logits_index >= 0) if self.logit_bias else {}),
         )
+
+    def _logit_bias(self, table_rows: np.ndarray, sampling: np.ndarray) -> dict[str, np.ndarray]:
+        """The logit bias of the requests that sample this step and have one; empty ranges for the others."""
+        lengths = np.zeros(len(table_rows), np.int32)
+        ids, biases = [], []
+        for index in np.flatnonzero(sampling).tolist():
+            entry = self.logit_bias.get(int(table_rows[index]))
+            if entry is not None:
+                lengths[index] = len(entry[0])
+                ids.append(entry[0])
+                biases.append(entry[1])
+        bias_start = np.zeros(len(table_rows) + 1, np.int32)
+        np.cumsum(lengths, out=bias_start[1:])
+        return {"bias_start": bias_start,
+                "bias_ids": np.concatenate(ids) if ids else np.zeros(0, np.int32),
+                "bias_values": np.concatenate(biases) if biases else np.zeros(0, np.float32)}
 
     def _penalty_history(self, scheduled: list[ScheduledChunk], table_rows: np.ndarray,
                          num_tokens: np.ndarray, prompt_len: np.ndarray,
