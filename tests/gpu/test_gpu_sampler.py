@@ -4,6 +4,8 @@ the decode graph's sampling against the eager sampler on the same logits."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from test_sampler_statistics import assert_draws_follow, filtered_distribution, 
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from core.execution.runner import ModelRunner
-from core.execution.sampler import SamplingTensors, sample_tokens
+from core.execution.sampler import Sampler, SamplingTensors, sample_tokens
 
 VOCAB = 151_936
 
@@ -87,3 +89,9 @@ def test_graph_sampling_equals_the_eager_sampler_on_the_same_logits():
     penalized = make_plan(2, temperature=1.0, repetition_penalty=1.2, history=[([1], [2]), ([3], [4])])
     runner.graphs.run(penalized)
     assert not runner.graphs.can_sample(SamplingTensors.from_plan(penalized, penalized.sampled_rows, "cuda"))
+    biased = replace(make_plan(2, temperature=1.0), bias_start=np.array([0, 1, 1], np.int32),
+                     bias_ids=np.array([7], np.int32), bias_values=np.array([100.0], np.float32))
+    logits = runner.graphs.run(biased)
+    st = SamplingTensors.from_plan(biased, biased.sampled_rows, "cuda")
+    assert not runner.graphs.can_sample(st)  # the eager sampler adds the bias
+    assert Sampler()(logits, st).token_ids[0].item() == 7
