@@ -273,3 +273,20 @@ def test_logit_bias_steers_the_real_sampler_and_an_unknown_token_is_refused(syst
         seeded = replace(greedy, temperature=0.7, seed=1, logit_bias=((1000, 100.0),))
         (sampled,) = client.generate(["Once upon a time"], seeded)
     assert banned.token_ids[0] != plain.token_ids[0] and sampled.token_ids == [1000] * 4
+
+
+def test_the_openai_client_sends_logit_bias_and_continue_final_message_unmodified(system):
+    openai = pytest.importorskip("openai")
+    port, _ = system
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    forced = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=3, temperature=0,
+                                       logit_bias={"1000": 100}, logprobs=0)
+    assert forced.choices[0].logprobs.tokens == [load_tokenizer(None).decode([1000])] * 3
+    chat = [*HELLO, {"role": "assistant", "content": "Hello! My name is"}]
+    reply = client.chat.completions.create(
+        model="tiny", messages=chat, max_tokens=2, temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    expected = load_tokenizer(None).encode(render_chatml(chat, False, continue_final_message=True))
+    assert reply.usage.prompt_tokens == len(expected)
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.chat.completions.create(model="tiny", messages=HELLO, logit_bias={"5": 500})
