@@ -66,7 +66,8 @@ MAX_STOP_STRINGS = 64
 _KNOBS = tuple(c for c in SAMPLING_COLUMNS if c.name in SamplingParams.__dataclass_fields__)
 _COMMON_FIELDS = frozenset({
     "model", "max_tokens", "n", "stop", "stop_token_ids", "ignore_eos", "logprobs", "min_tokens", "user",
-    "stream", "stream_options", "skip_special_tokens", "logit_bias", *(c.name for c in _KNOBS),
+    "stream", "stream_options", "skip_special_tokens", "logit_bias", "include_stop_str_in_output",
+    "truncate_prompt_tokens", *(c.name for c in _KNOBS),
 })
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of", "prompt_logprobs"}
 CHAT_FIELDS = _COMMON_FIELDS | {
@@ -339,6 +340,8 @@ def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | N
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             logit_bias=_parse_logit_bias(fields),
+            include_stop_str_in_output=fields.bool("include_stop_str_in_output", False),
+            truncate_prompt_tokens=fields.int("truncate_prompt_tokens", None, None),
         )
     except SamplingParamsError as e:
         param = {"max_tokens": max_field, "logprobs": logprobs_field}.get(e.field, e.field)

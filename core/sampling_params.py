@@ -50,6 +50,9 @@ class SamplingParams:
     # (token id, bias) pairs added to those tokens' logits before the penalties and the draw; logprobs
     # stay the raw model's (OpenAI's logit_bias; ids unique, biases in [-100, 100])
     logit_bias: tuple[tuple[int, float], ...] = ()
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text stays in it
+    # vLLM's: keep only the prompt's last N tokens (left truncation); -1 = the last max_model_len - 1
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         def fail(field: str, message: str) -> None:
@@ -84,6 +87,9 @@ class SamplingParams:
             fail("stop", "every stop string must be a non-empty string")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             fail("stop_token_ids", "every stop token id must be a non-negative integer")
+        if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens == -1
+                                                            or self.truncate_prompt_tokens >= 1):
+            fail("truncate_prompt_tokens", f"must be -1 or >= 1, got {self.truncate_prompt_tokens}")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
             fail("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens, got {len(self.logit_bias)}")
         for token_id, bias in self.logit_bias:

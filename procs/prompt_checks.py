@@ -47,11 +47,18 @@ def fit_to_context(params: SamplingParams, num_prompt_tokens: int, max_model_len
     raise PromptError(field_name, overflow.describe(), overflow)
 
 
-def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
-    """PromptError on `logit_bias` when it names a token outside the model's vocabulary."""
+def prompt_for_params(ids: list[int], params: SamplingParams, vocab_size: int,
+                      max_model_len: int) -> list[int]:
+    """The prompt `params` make of `ids`: its last truncate_prompt_tokens (-1: max_model_len - 1, the
+    most that leaves room for one token); PromptError on `logit_bias` when it names a token outside
+    the model's vocabulary."""
     bad = next((token_id for token_id, _ in params.logit_bias if token_id >= vocab_size), None)
     if bad is not None:
         raise PromptError("logit_bias", f"token id {bad} is outside the model's vocabulary of {vocab_size}")
+    keep = params.truncate_prompt_tokens
+    if keep is None:
+        return ids
+    return ids[-(max_model_len - 1 if keep == -1 else keep):]
 
 
 def template_message(turn: ChatTurn) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from ipc.native_auth import start_key_check
 from ipc.run_lock import remove_once_ended
 from procs.child import become, launcher_died, parent_alive, run_actor
 from procs.problem_log import ProblemLog
-from procs.prompt_checks import PromptError, chat_prompt_ids, check_logit_bias, fit_to_context
+from procs.prompt_checks import PromptError, chat_prompt_ids, fit_to_context, prompt_for_params
 from procs.tokenizer_queries import answer_query
 
 _IDLE_WAIT_S = 0.5
@@ -230,8 +230,7 @@ class TokenizerProcess:
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             bad = next(i for i in ids if not 0 <= i < self.vocab_size)
             raise PromptError(where, f"token id {bad} is outside the model's vocabulary of {self.vocab_size}")
-        check_logit_bias(request.params, self.vocab_size)
-        return ids
+        return prompt_for_params(ids, request.params, self.vocab_size, self.max_model_len)
 
     def refuse_bad_client_message(self, exc: BadFrame) -> None:
         """A client's message that does not decode: the request it names (if it names one) is refused
@@ -298,6 +297,7 @@ class TokenizerProcess:
             check = stream.stop.push(text)
             text = check.text
             if check.stopped:
+                text += stream.stop.matched if request.params.include_stop_str_in_output else ""
                 if not finished:
                     self.to_scheduler.send(AbortRequest(out.request_id))
                 finished, finish_reason, stop_reason = True, "stop", stream.stop.matched

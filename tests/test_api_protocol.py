@@ -133,6 +133,10 @@ MALFORMED = [
     ("completions", {**COMPLETION, "prompt_logprobs": -1}, 400, "prompt_logprobs", ">= 0"),
     ("completions", {**COMPLETION, "max_tokens": 0}, 400, "max_tokens", ">= 1"),
     ("completions", {**COMPLETION, "suffix": "end"}, 400, "suffix", "not supported"),
+    ("completions", {**COMPLETION, "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens", "-1 or >= 1"),
+    ("chat", {**CHAT, "truncate_prompt_tokens": "5"}, 400, "truncate_prompt_tokens", "must be an integer"),
+    ("chat", {**CHAT, "include_stop_str_in_output": 1}, 400, "include_stop_str_in_output",
+     "must be a boolean"),
     # logit_bias
     ("completions", {**COMPLETION, "logit_bias": [1, 2]}, 400, "logit_bias", "must be an object"),
     ("completions", {**COMPLETION, "logit_bias": {"a": 1}}, 400, "logit_bias", "keys must be token ids"),

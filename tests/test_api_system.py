@@ -290,3 +290,25 @@ def test_the_openai_client_sends_logit_bias_and_continue_final_message_unmodifie
     assert reply.usage.prompt_tokens == len(expected)
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         client.chat.completions.create(model="tiny", messages=HELLO, logit_bias={"5": 500})
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_tail_and_stop_strings_can_stay(system):
+    port, _ = system
+    prompt = "one two three four five six seven eight nine ten"
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    tail = post(port, "/v1/completions", {**body, "truncate_prompt_tokens": 3}).json()
+    assert tail["usage"]["prompt_tokens"] == 3
+    last_three = load_tokenizer(None).encode(prompt)[-3:]
+    alone = post(port, "/v1/completions", {**body, "prompt": last_three}).json()
+    assert tail["choices"][0]["text"] == alone["choices"][0]["text"]  # greedy: the same prompt
+    long_prompt = list(range(1000, 1000 + MAX_MODEL_LEN + 50))
+    fitted = post(port, "/v1/completions", {**body, "prompt": long_prompt, "max_tokens": 1,
+                                            "truncate_prompt_tokens": -1})
+    assert fitted.status == 200 and fitted.json()["usage"]["prompt_tokens"] == MAX_MODEL_LEN - 1
+    text = alone["choices"][0]["text"]
+    stop = next(c for c in text[1:] if not c.isspace())  # a character the greedy text has after its first
+    cut = post(port, "/v1/completions", {**body, "prompt": last_three, "stop": [stop]}).json()["choices"][0]
+    kept = post(port, "/v1/completions", {**body, "prompt": last_three, "stop": [stop],
+                                          "include_stop_str_in_output": True}).json()["choices"][0]
+    assert cut["text"] == text[:text.index(stop)] and kept["text"] == cut["text"] + stop
+    assert kept["finish_reason"] == cut["finish_reason"] == "stop"
