@@ -1,6 +1,6 @@
 """The soak's calls: shot i of a seeded mix of good requests (completions and chats, streamed and
-whole, short prompts and long shared prefixes, greedy and sampled, n=2, stop strings), streams the
-client drops after a chunk or two (10 %), and bad requests the server must refuse (5 %).
+whole, short prompts and long shared prefixes, greedy and sampled, n=2, stop strings, logit bias),
+streams the client drops after a chunk or two (10 %), and bad requests the server must refuse (5 %).
 
 benchmarks/soak/run.py fires them; benchmarks/soak/calls.py judges what comes back.
 """
@@ -75,6 +75,10 @@ class Workload:
         if rng.random() < 0.15:
             body["stop"] = rng.choice(_STOPS)
             labels.append("stop")
+        if rng.random() < 0.08:  # a few ordinary tokens pushed up or down (the eager sampler's path)
+            body["logit_bias"] = {str(rng.randrange(_MAX_ORDINARY_ID)): rng.choice((-100, -5, 5, 100))
+                                  for _ in range(rng.randint(1, 8))}
+            labels.append("bias")
         labels.append(self._prompt(body, path, rng))
         if n == 2:
             labels.append("n=2")
@@ -136,8 +140,13 @@ class Workload:
             ("temperature 'hot'", CHAT, {**chat, "temperature": "hot"}),
             ("top_p 1.5", COMPLETIONS, {"prompt": "hello", "max_tokens": 4, "top_p": 1.5}),
             ("unknown model", CHAT, {**chat, "model": "gpt-nonexistent"}),
-            ("unknown field", COMPLETIONS, {"prompt": "hello", "max_tokens": 4, "max_tokenz": 4}),
+            # (an unknown field is ignored, as vLLM does: not a bad request unless --strict-request-fields)
+            ("stop_token_ids a string", COMPLETIONS, {"prompt": "hello", "max_tokens": 4,
+                                                     "stop_token_ids": "7"}),
             ("messages is a string", CHAT, {**chat, "messages": "hello"}),
+            ("logit_bias outside the vocabulary", COMPLETIONS, {"prompt": "hello", "max_tokens": 4,
+                                                               "logit_bias": {"999999": 5}}),
+            ("logit_bias 500", CHAT, {**chat, "logit_bias": {"5": 500}}),
             ("malformed JSON", CHAT, None),
             ("empty body", COMPLETIONS, b""),
         ]
