@@ -53,7 +53,7 @@ from core.execution.model.fp8_format import (
     reference_matmul,
 )
 from core.execution.model.fp8_gemm import ENV, FP8_GEMMS, scaled_mm_gemm, scaled_mm_unavailable, triton_gemm
-from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
+from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv, fp8_gemv_prequantized
 from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
 from core.execution.runner import ModelRunner
 
@@ -107,6 +107,16 @@ def test_decode_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
     assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
     q, scales = quantize_activations(x)
     assert_gemm_close(out, block_fp8_matmul(q, scales, weight, scale_inv, torch.bfloat16))
+
+
+@pytest.mark.parametrize("m", [1, 2, 8])
+@pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
+def test_the_prequantized_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
+    x, weight, scale_inv = inputs(m, n, k, seed=n + m)
+    x_q, x_scales = quantize_activations(x)
+    for block_n, split_k in ((16, 1), (32, 2)):
+        out = fp8_gemv_prequantized(x_q, x_scales, weight, scale_inv, torch.bfloat16, block_n, split_k)
+        assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
 
 
 @pytest.mark.parametrize("m", [1, 3, 9, 16, 64, 256, 1784, 2048])
