@@ -3,11 +3,12 @@ and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per r
 
     python -m benchmarks.fp8_tiles --out fp8_tiles.json [--batches 1,2,4,8,16,256,1784,8192]
 
-Per (layer, M): bf16 F.linear; up to 16 rows the FP8 decode GEMV with its default tiles and a
-grid of others, the GEMV on activations quantized beforehand (`gemv2`, the quantization kernel
-timed with it) and the tensor-core GEMM quantizing inside; from 256 rows the tensor-core GEMM's
-tile variants after a separate quantization; the server's `triton` path (from 9 rows) and torch's
-block-scaled `scaled_mm` (every M, its rows padded to 16 as `fp8_gemm.scaled_mm_gemm` does).
+Per (layer, M): bf16 F.linear; up to 16 rows the FP8 decode GEMV with its default tiles and a grid
+of others, the GEMV on activations quantized beforehand (`gemv2`; `gemv3` sums over K once after its
+loop; the quantization kernel timed with both) and the tensor-core GEMM quantizing inside; from 256
+rows the tensor-core GEMM's tile variants after a separate quantization; the server's `triton` path
+(from 9 rows) and torch's block-scaled `scaled_mm` (every M, its rows padded to 16 as
+`fp8_gemm.scaled_mm_gemm` does).
 Each is captured in a CUDA graph of >= 24 calls that rotate over enough copies of the weight (>= 200
 MB) that every call reads its weight from HBM, not L2, as in a model step; the median of 5 replays
 is the time per call. A path that fails prints why. Each line shows the four fastest FP8 candidates
@@ -78,12 +79,13 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
                 tiles = GemvTiles(block_m, block_n, block_k, split_k, 4)
                 calls[f"gemv n{block_n} k{block_k} s{split_k}"] = (
                     lambda i, tiles=tiles: fp8_gemv(x, *fp8[i], torch.bfloat16, tiles))
-        for block_n, split_k, stages in itertools.product((8, 16, 32), (1, 2), (3, 6)):
-            if block_m * block_n * 128 > 32768:
+        for block_n, split_k, stages, defer in itertools.product((8, 16, 32), (1, 2), (3, 6), (False, True)):
+            if block_m * block_n * 128 > (16384 if defer else 32768):  # the deferred sum holds them all
                 continue
-            calls[f"gemv2 n{block_n} s{split_k} st{stages}"] = (  # the quantization included, as served
-                lambda i, n=block_n, s=split_k, st=stages: fp8_gemv_prequantized(
-                    *quantize_activations(x), *fp8[i], torch.bfloat16, n, s, st))
+            name = f"gemv{3 if defer else 2} n{block_n} s{split_k} st{stages}"
+            calls[name] = (  # the quantization included, as served
+                lambda i, n=block_n, s=split_k, st=stages, d=defer: fp8_gemv_prequantized(
+                    *quantize_activations(x), *fp8[i], torch.bfloat16, n, s, st, defer_sum=d))
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])
     calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])  # rows padded to 16

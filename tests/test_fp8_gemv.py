@@ -101,12 +101,13 @@ def test_decode_tiles_fill_the_gpu_without_splitting_the_big_qwen3_14b_layers():
             assert -(-n // tiles.block_n) * tiles.split_k >= 2 * 132
 
 
+@pytest.mark.parametrize("defer_sum", [False, True], ids=["sum-each-step", "sum-once"])
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("block_n,split_k", [(16, 1), (8, 3), (128, 2)])
-def test_the_prequantized_gemv_equals_the_reference(m, block_n, split_k):
+def test_the_prequantized_gemv_equals_the_reference(m, block_n, split_k, defer_sum):
     x, weight, scale_inv = inputs(m, 200, 1000, seed=13 * m + block_n)
     x_q, x_scales = quantize_activations(x)
     out = fp8_gemv_prequantized(x_q, x_scales, weight, scale_inv, torch.float32, block_n, split_k,
-                                num_stages=2)
+                                num_stages=2, defer_sum=defer_sum)
     assert out.shape == (m, 200)
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE

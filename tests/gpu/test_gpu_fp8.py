@@ -114,8 +114,9 @@ def test_decode_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
 def test_the_prequantized_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
     x, weight, scale_inv = inputs(m, n, k, seed=n + m)
     x_q, x_scales = quantize_activations(x)
-    for block_n, split_k in ((16, 1), (32, 2)):
-        out = fp8_gemv_prequantized(x_q, x_scales, weight, scale_inv, torch.bfloat16, block_n, split_k)
+    for block_n, split_k, defer_sum in ((16, 1, False), (32, 2, False), (16, 1, True), (8, 2, True)):
+        out = fp8_gemv_prequantized(x_q, x_scales, weight, scale_inv, torch.bfloat16, block_n, split_k,
+                                    defer_sum=defer_sum)
         assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
 
 

@@ -71,10 +71,12 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, steps_per_split, stri
 def _fp8_gemv_prequantized_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, steps_per_split, stride_xm,
                                   stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_wsk, stride_cs,
                                   stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                  GROUP: tl.constexpr, NUM_STAGES: tl.constexpr):
+                                  GROUP: tl.constexpr, NUM_STAGES: tl.constexpr, DEFER_SUM: tl.constexpr):
     """As _fp8_gemv_kernel, on activations quantized beforehand (`quantize_activations`): per
     128-column group one fp8 x fp8 product summed in float32, scaled by the token's and the
-    block's scale; the group loop is software-pipelined (NUM_STAGES groups of weight in flight)."""
+    block's scale; the group loop is software-pipelined (NUM_STAGES groups of weight in flight).
+    DEFER_SUM: the scaled products are added element by element into a [BLOCK_M, BLOCK_N, 128]
+    accumulator and summed over K once after the loop, not once a step across the threads."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -84,6 +86,7 @@ def _fp8_gemv_prequantized_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
     mask_n = offs_n < N
     ws_row = ws_ptr + ((pid_n * BLOCK_N) // GROUP) * stride_wsn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    products = tl.zeros((BLOCK_M, BLOCK_N, GROUP), dtype=tl.float32)  # DEFER_SUM's accumulator
     first_step = split * steps_per_split
     last_step = tl.minimum(first_step + steps_per_split, tl.cdiv(K, GROUP))
     for step in tl.range(first_step, last_step, num_stages=NUM_STAGES):
@@ -95,7 +98,12 @@ def _fp8_gemv_prequantized_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
                     other=0.0).to(tl.float32)  # [BLOCK_M, GROUP]
         x_scale = tl.load(xs_ptr + offs_m * stride_xsm + step * stride_xsg, mask=mask_m, other=0.0)
         w_scale = tl.load(ws_row + step * stride_wsk)
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2) * (x_scale[:, None] * w_scale)
+        if DEFER_SUM:
+            products += (x * (x_scale[:, None] * w_scale))[:, None, :] * w[None, :, :]
+        else:
+            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2) * (x_scale[:, None] * w_scale)
+    if DEFER_SUM:
+        acc = tl.sum(products, axis=2)
     c = c_ptr + split * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
@@ -146,7 +154,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tens
 
 def fp8_gemv_prequantized(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
                           weight_scale_inv: torch.Tensor, out_dtype: torch.dtype, block_n: int = 16,
-                          split_k: int = 1, num_stages: int = 4, num_warps: int = 4) -> torch.Tensor:
+                          split_k: int = 1, num_stages: int = 4, num_warps: int = 4,
+                          defer_sum: bool = False) -> torch.Tensor:
     """x_q fp8 [M, K] with scales [M, ceil(K/128)] (`quantize_activations`) times the block-scaled fp8
     weight [N, K] transposed -> [M, N] in out_dtype: the GEMV with the quantization taken out of its
     loop, a candidate for decode that `python -m benchmarks.fp8_tiles` times against `fp8_gemv`."""
@@ -163,5 +172,5 @@ def fp8_gemv_prequantized(x_q: torch.Tensor, x_scales: torch.Tensor, weight: tor
         x_q, x_scales, weight, weight_scale_inv, partials, m, n, k, steps_per_split, x_q.stride(0),
         x_scales.stride(0), x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0),
         weight_scale_inv.stride(1), partials.stride(0), partials.stride(1), BLOCK_M=block_m, BLOCK_N=block_n,
-        GROUP=BLOCK, NUM_STAGES=num_stages, num_warps=num_warps)
+        GROUP=BLOCK, NUM_STAGES=num_stages, DEFER_SUM=defer_sum, num_warps=num_warps)
     return sum_split_k(partials, out_dtype)
