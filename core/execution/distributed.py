@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import socket
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -89,6 +90,19 @@ class TPGroup:
         return torch.distributed.get_global_rank(self.group, group_rank)
 
 
+def _listening(host: str, port: int, deadline: float) -> bool:
+    """Whether something accepts connections at host:port before `deadline` (time.monotonic())."""
+    while True:
+        try:
+            wait_s = max(0.05, min(1.0, deadline - time.monotonic()))
+            with socket.create_connection((host, port), timeout=wait_s):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
 class TPStartupError(RuntimeError):
     """A rank could not join its TP group; the message names the rank, its device and the missing peers."""
 
@@ -109,13 +123,18 @@ def init_tp_group(rank: int, size: int, init_method: str, backend: str, device: 
     address = urlsplit(init_method)
     if address.scheme != "tcp" or address.hostname is None or address.port is None:
         raise ValueError(f"{me}: the TP rendezvous must be tcp://host:port, not {init_method!r}")
+    role = "start the rendezvous" if rank == 0 else "reach the rendezvous that tp=0 hosts"
+    unreachable = (f"{me} could not {role} at {address.netloc} within {timeout_s:g} s "
+                   "(tp=0 not started, or not reachable)")
+    # torch's TCPStore client retries with a random back-off past its timeout (9 s for 3 s seen):
+    # wait for the port ourselves, so the deadline is the timeout.
+    if rank != 0 and not _listening(address.hostname, address.port, time.monotonic() + timeout_s):
+        raise TPStartupError(unreachable)
     try:
         store = torch.distributed.TCPStore(address.hostname, address.port, size, is_master=rank == 0,
                                            timeout=timeout, wait_for_workers=False)
     except RuntimeError as exc:
-        role = "start the rendezvous" if rank == 0 else "reach the rendezvous that tp=0 hosts"
-        raise TPStartupError(f"{me} could not {role} at {address.netloc} within {timeout_s:g} s "
-                             f"(tp=0 not started, or not reachable): {_first_line(exc)}") from None
+        raise TPStartupError(f"{unreachable}: {_first_line(exc)}") from None
     _arrive(store, "joined", rank)
     missing = _await_peers(store, "joined", size, time.monotonic() + timeout_s)
     if missing:
