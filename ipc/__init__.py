@@ -2,8 +2,9 @@
 
 What the processes say to each other, in one place:
 
-    messages.py     every envelope (requests, outputs, control, step announcements) as frozen
-                    dataclasses; nothing is pickled
+    messages.py     every envelope the running processes exchange (requests, outputs, control,
+                    step announcements) as frozen dataclasses; nothing is pickled
+    process_specs.py  what a child process is started with, and the Ready it answers
     codec.py        how an envelope becomes msgpack-like bytes and back (with its arrays as frames)
     plan_layout.py  a StepPlan's bytes inside a ring slot (core/plan.py declares its arrays)
     step_frames.py  a StepResult's bytes: a StepDone envelope plus its arrays as raw frames

@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Protocol
 
 from ipc.codec import encode
-from ipc.messages import Ready
+from ipc.process_specs import Ready
 
 _PR_SET_PDEATHSIG = 1
 _FINALIZER_RETRY_S = 0.01

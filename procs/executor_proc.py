@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from ipc.channels import PushChannel, SubChannel
 from ipc.codec import decode
-from ipc.messages import ExecutorSpec, Ping, Pong, Ready, StepDone, StepReady, Stop
+from ipc.messages import Ping, Pong, StepDone, StepReady, Stop
+from ipc.process_specs import ExecutorSpec, Ready
 from ipc.step_frames import result_to_frames
 from procs.child import become, parent_alive, run_actor
 from procs.fault_injection import JOIN, fault_for, strike

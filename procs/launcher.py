@@ -38,7 +38,8 @@ from core.config import EngineConfig
 from ipc.channels import PushChannel
 from ipc.codec import CodecError, decode, encode
 from ipc.endpoints import Endpoints, default_runtime_root
-from ipc.messages import ExecutorSpec, Ready, ReplicaDown, SchedulerSpec, Shutdown, TokenizerSpec
+from ipc.messages import ReplicaDown, Shutdown
+from ipc.process_specs import ExecutorSpec, Ready, SchedulerSpec, TokenizerSpec
 from ipc.run_lock import remove_ended_runs
 from ipc.shm_ring import cleanup_stale, ring_name, run_prefix
 from procs.args import add_engine_args, config_from_args, launch_options_from_args

@@ -18,8 +18,9 @@ from core.plan import StepPlan
 from core.scheduling.plan_ahead import PlanAhead
 from core.scheduling.scheduler import Scheduler
 from ipc.channels import PubChannel
-from ipc.messages import ReplicaInfo, SchedulerSpec
+from ipc.messages import ReplicaInfo
 from ipc.plan_layout import packed_plan_nbytes
+from ipc.process_specs import SchedulerSpec
 from ipc.shm_ring import StepRing, ring_name
 
 

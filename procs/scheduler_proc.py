@@ -32,10 +32,8 @@ from ipc.messages import (
     AbortRequest,
     Ping,
     Pong,
-    Ready,
     Rejected,
     ReplicaDown,
-    SchedulerSpec,
     SchedulerStatus,
     Shutdown,
     StepDone,
@@ -45,6 +43,7 @@ from ipc.messages import (
     TokenizedRequest,
 )
 from ipc.plan_layout import pack_plan, plan_nbytes
+from ipc.process_specs import Ready, SchedulerSpec
 from ipc.shm_ring import RingError, cleanup_stale, run_prefix
 from ipc.step_frames import result_from_frames
 from procs.child import become, parent_alive, run_actor

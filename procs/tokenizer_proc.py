@@ -43,7 +43,6 @@ from ipc.messages import (
     GenerateRequest,
     OutputDelta,
     PromptTokenLogprobs,
-    Ready,
     Rejected,
     RequestFailed,
     SchedulerStatus,
@@ -52,10 +51,10 @@ from ipc.messages import (
     TokenDeltas,
     TokenizedRequest,
     TokenizerQuery,
-    TokenizerSpec,
     TopLogprob,
 )
 from ipc.native_auth import start_key_check
+from ipc.process_specs import Ready, TokenizerSpec
 from ipc.run_lock import remove_once_ended
 from procs.child import become, launcher_died, parent_alive, run_actor
 from procs.problem_log import ProblemLog

@@ -13,8 +13,9 @@ from system_client import tiny_config
 
 from core.plan import StepResult
 from ipc.channels import PubChannel, PullChannel
-from ipc.messages import ExecutorSpec, Ping, Pong, StepDone, StepReady, Stop
+from ipc.messages import Ping, Pong, StepDone, StepReady, Stop
 from ipc.plan_layout import pack_plan, packed_plan_nbytes
+from ipc.process_specs import ExecutorSpec
 from ipc.step_frames import result_from_frames
 from procs.executor_proc import Executor
 

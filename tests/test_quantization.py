@@ -15,7 +15,7 @@ from core.config import ConfigError, EngineConfig, ModelConfig, ParallelConfig
 from core.quantization import Fp8Config
 from core.registry import LINEAR_METHODS
 from ipc import codec
-from ipc.messages import ExecutorSpec
+from ipc.process_specs import ExecutorSpec
 from procs.args import add_engine_args, config_from_args
 
 QWEN3_14B_FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
