@@ -14,7 +14,6 @@ import pytest
 from api.generation import Generation
 from benchmarks.generalization.compare import Tolerance, compare
 from benchmarks.generalization.matrix import (
-    MULTI_GPU_LAYOUTS,
     Matrix,
     base_config,
     format_table,
@@ -22,6 +21,7 @@ from benchmarks.generalization.matrix import (
     run_matrix,
 )
 from benchmarks.generalization.report import render_markdown
+from benchmarks.generalization.server_plans import MULTI_GPU_LAYOUTS
 from benchmarks.generalization.workload import Workload, make_shape
 from ipc.messages import TopLogprob
 
