@@ -211,6 +211,8 @@ def _flatten_history(
 
 def _flatten_bias(plan: StepPlan, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(row, token id, bias) per logit-bias entry of `rows`, without a Python loop."""
+    if not len(plan.bias_ids):  # most steps: nobody biases
+        return np.zeros(0, np.int64), plan.bias_ids, plan.bias_values
     starts = plan.bias_start[rows].astype(np.int64)
     lengths = plan.bias_start[rows + 1] - starts
     offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)

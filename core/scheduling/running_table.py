@@ -114,12 +114,12 @@ class RunningTable:
         """The logit bias of the requests that sample this step and have one; empty ranges for the others."""
         lengths = np.zeros(len(table_rows), np.int32)
         ids, biases = [], []
-        for index in np.flatnonzero(sampling).tolist():
-            entry = self.logit_bias.get(int(table_rows[index]))
-            if entry is not None:
-                lengths[index] = len(entry[0])
-                ids.append(entry[0])
-                biases.append(entry[1])
+        biased = sampling & np.isin(table_rows, np.fromiter(self.logit_bias, np.int32, len(self.logit_bias)))
+        for index in np.flatnonzero(biased).tolist():  # the biased rows only
+            entry = self.logit_bias[int(table_rows[index])]
+            lengths[index] = len(entry[0])
+            ids.append(entry[0])
+            biases.append(entry[1])
         bias_start = np.zeros(len(table_rows) + 1, np.int32)
         np.cumsum(lengths, out=bias_start[1:])
         return {"bias_start": bias_start,
