@@ -3,9 +3,9 @@ and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per r
 
     python -m benchmarks.fp8_tiles --out fp8_tiles.json [--batches 1,2,4,8,16,256,1784,8192]
 
-Per (layer, M): bf16 F.linear; up to 16 rows the FP8 decode GEMV with its default tiles and a grid
-of others, the GEMV on activations quantized beforehand (`gemv2`; `gemv3` sums over K once after its
-loop; the quantization kernel timed with both) and the tensor-core GEMM quantizing inside; from 256
+Per (layer, M): bf16 F.linear; up to 16 rows the FP8 decode GEMV (the activation quantization
+included, as served) with the tiles `gemv_tiles` picks and a grid of others, and the tensor-core
+GEMM quantizing inside; from 256
 rows the tensor-core GEMM's tile variants after a separate quantization; the server's `triton` path
 (from 9 rows) and torch's block-scaled `scaled_mm` (every M, its rows padded to 16 as
 `fp8_gemm.scaled_mm_gemm` does).
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from benchmarks.lib.fp8_gemm_cases import QWEN3_14B_LINEARS
 from core.execution.model.fp8_format import quantize_weight, reference_matmul
 from core.execution.model.fp8_gemm import scaled_mm_gemm, triton_gemm
-from core.execution.model.fp8_gemv import GemvTiles, fp8_gemv, fp8_gemv_prequantized
+from core.execution.model.fp8_gemv import GemvTiles, fp8_gemv
 from core.execution.model.fp8_kernels import MatmulTiles, block_fp8_matmul, quantize_activations
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 256, 1784, 8192)
@@ -72,20 +72,13 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
     calls: dict[str, Call] = {"bf16": lambda i: F.linear(x, bf16[i])}
     if m <= 16:
         calls["dot fused"] = lambda i: block_fp8_matmul(x, None, *fp8[i], torch.bfloat16)
-        calls["gemv"] = lambda i: fp8_gemv(x, *fp8[i], torch.bfloat16)
+        calls["gemv"] = lambda i: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16)
         block_m = 1 << (m - 1).bit_length()
-        for block_n, block_k, split_k in itertools.product((8, 16), (512, 1024), (1, 2)):
-            if block_m * block_n * block_k <= 32768:
-                tiles = GemvTiles(block_m, block_n, block_k, split_k, 4)
-                calls[f"gemv n{block_n} k{block_k} s{split_k}"] = (
-                    lambda i, tiles=tiles: fp8_gemv(x, *fp8[i], torch.bfloat16, tiles))
-        for block_n, split_k, stages, defer in itertools.product((8, 16, 32), (1, 2), (3, 6), (False, True)):
-            if block_m * block_n * 128 > (16384 if defer else 32768):  # the deferred sum holds them all
-                continue
-            name = f"gemv{3 if defer else 2} n{block_n} s{split_k} st{stages}"
-            calls[name] = (  # the quantization included, as served
-                lambda i, n=block_n, s=split_k, st=stages, d=defer: fp8_gemv_prequantized(
-                    *quantize_activations(x), *fp8[i], torch.bfloat16, n, s, st, defer_sum=d))
+        for block_n, split_k, stages in itertools.product((8, 16, 32), (1, 2), (3, 6)):
+            if block_m * block_n * 128 <= 16384:  # the [rows, columns, 128] accumulator, in registers
+                tiles = GemvTiles(block_n, split_k, stages, 4)
+                calls[f"gemv n{block_n} s{split_k} st{stages}"] = (
+                    lambda i, tiles=tiles: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16, tiles))
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])
     calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])  # rows padded to 16

@@ -16,11 +16,13 @@ Runs (the performance report's keys):
   prefix_on/off        shared-prefix: 64 groups x 16 prompts, 2,048-token system, 128 question, 256 out,
                        with the prefix cache on and off
   prefix_on_sync       prefix_on's prompts one step at a time (--no-async-scheduling)
-  dp2                  c302's request shape, 500 prompts, two replicas sharing one card (--dp 2
-                       --device cuda:0)
+  dp2                  c302's request shape, 500 prompts, two replicas sharing one card (--dp 2 with
+                       the first card alone visible)
   prefix_burst_dp1,    a burst of groups: 32 groups x 16 prompts, 2,048-token system, 128 question,
   prefix_burst_dp2     64 out, at concurrency 128 sent at once, on one replica and on two sharing one
                        card (the DP router's prefix locality: compare their prefix hit rates)
+  prefix_burst_dp1_fp8, the burst pair in FP8 (room for the burst's KV cache on an 80 GB card)
+  prefix_burst_dp2_fp8
   peer_cadence, peer   256 x 512 in / 128 out through Cadence, and through transformers' generate_batch
   c1_fp8, c302_fp8,    c1, c302, prefix_on and peer_cadence's prompts on a server quantized to FP8 at
   prefix_on_fp8,       load (--quantization fp8: 128 x 128 block-scaled weights, 1 x 128 dynamic
@@ -95,6 +97,7 @@ class Run:
     load_flags: tuple[str, ...]
     num_prompts: int  # before --scale
     prompts_of: str = ""  # another run whose prompts (seed) this one repeats, for a like-for-like pair
+    one_card: bool = False  # the server sees only the first visible card (DP replicas sharing it)
 
 
 SINGLE_CARD_RUNS = {
@@ -110,10 +113,15 @@ SINGLE_CARD_RUNS = {
     ),
     # Two replicas on one card only show the router and the replicas' overhead (DP is for several
     # cards): half of c302's prompts keep the run short.
-    "dp2": Run("dp2", ("--dp", "2", "--device", "cuda:0"), (*RANDOM, "--max-concurrency", "302"), 500),
+    "dp2": Run("dp2", ("--dp", "2"), (*RANDOM, "--max-concurrency", "302"), 500, one_card=True),
     "prefix_burst_dp1": Run("prefix_burst_dp1", (), tuple(SHARED_BURST), 512),
-    "prefix_burst_dp2": Run("prefix_burst_dp2", ("--dp", "2", "--device", "cuda:0"), tuple(SHARED_BURST), 512,
-                            "prefix_burst_dp1"),
+    "prefix_burst_dp2": Run("prefix_burst_dp2", ("--dp", "2"), tuple(SHARED_BURST), 512, "prefix_burst_dp1",
+                            one_card=True),
+    # The burst pair in FP8: on an 80 GB card two bf16 replicas leave each ~3 GB of KV cache, too
+    # little for the burst's working set, so the pair would measure eviction, not routing.
+    "prefix_burst_dp1_fp8": Run("prefix_burst_dp1_fp8", FP8, tuple(SHARED_BURST), 512, "prefix_burst_dp1"),
+    "prefix_burst_dp2_fp8": Run("prefix_burst_dp2_fp8", (*FP8, "--dp", "2"), tuple(SHARED_BURST), 512,
+                                "prefix_burst_dp1", one_card=True),
     "peer_cadence": Run("peer_cadence", (), PEER_WORKLOAD, 256),
     # The same prompts as c1 and c302, one step at a time (each on a server of its own).
     "c1_sync": Run("c1_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
@@ -169,11 +177,13 @@ def _load_flags(run: Run, scale: float) -> list[str]:
 class Server:
     """`cadence serve` in a subprocess, healthy before use, stopped with SIGINT."""
 
-    def __init__(self, flags: list[str], port: int, log_path: str, startup_s: float) -> None:
+    def __init__(self, flags: list[str], port: int, log_path: str, startup_s: float,
+                 env: dict[str, str] | None = None) -> None:
         self.command = [sys.executable, "-m", "api", "serve", "--port", str(port), *flags]
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})})
         deadline = time.monotonic() + startup_s
         while not self._healthy():
             if self.process.poll() is not None:
@@ -251,21 +261,21 @@ def main(argv: list[str] | None = None) -> None:
             load = ["--base-url", f"http://127.0.0.1:{args.port}", *_load_flags(run, args.scale),
                     "--label", key, "--no-progress", "--seed", str(list(RUNS).index(run.prompts_of or key)),
                     "--out", os.path.join(args.out_dir, f"{key}.json")]
-            print(f"[suite] {key}: {engine_environment()}cadence serve {shlex.join(flags)} ; "
+            env = run_environment(run)
+            print(f"[suite] {key}: {engine_environment(env)}cadence serve {shlex.join(flags)} ; "
                   f"python -m benchmarks.load {shlex.join(load)}", flush=True)
             if args.dry_run:
                 continue
-            if flags != server_flags:
+            if (flags, env) != server_flags:
                 if server is not None:
                     server.stop()
-                server = Server(
-                    flags, args.port, os.path.join(args.out_dir, f"server_{key}.log"), args.startup_timeout
-                )
-                server_flags = flags
+                server = Server(flags, args.port, os.path.join(args.out_dir, f"server_{key}.log"),
+                                args.startup_timeout, env)
+                server_flags = (flags, env)
             started = time.perf_counter()
             subprocess.run([sys.executable, "-m", "benchmarks.load", *load], check=False)
-            _annotate(os.path.join(args.out_dir, f"{key}.json"), flags, load, args.scale,
-                      time.perf_counter() - started, needed)
+            _annotate(os.path.join(args.out_dir, f"{key}.json"), engine_environment(env), flags, load,
+                      args.scale, time.perf_counter() - started, needed)
     finally:
         if server is not None:
             server.stop()
@@ -323,19 +333,30 @@ def _run_command(run: LayoutRun, serve_flags: list[str], args: argparse.Namespac
 ENGINE_VARIABLES = ("CADENCE_FP8_GEMM", "CADENCE_INJECT_FAULT")
 
 
-def engine_environment() -> str:
-    """ENGINE_VARIABLES that are set, as the prefix of a command line: a run's recorded command names them."""
-    return "".join(f"{key}={shlex.quote(os.environ[key])} " for key in ENGINE_VARIABLES if key in os.environ)
+def run_environment(run: Run) -> dict[str, str]:
+    """What a run's server gets on top of this process's environment: one card for `one_card` runs
+    (the first of CUDA_VISIBLE_DEVICES where that is set)."""
+    if not run.one_card:
+        return {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    return {"CUDA_VISIBLE_DEVICES": visible}
 
 
-def _annotate(path: str, server_flags: list[str], load_flags: list[str], scale: float, wall_s: float,
-              gpus: int) -> None:
+def engine_environment(extra: dict[str, str] | None = None) -> str:
+    """ENGINE_VARIABLES that are set (and `extra`), as the prefix of a command line: a run's recorded
+    command names them."""
+    variables = {key: os.environ[key] for key in ENGINE_VARIABLES if key in os.environ} | (extra or {})
+    return "".join(f"{key}={shlex.quote(value)} " for key, value in variables.items())
+
+
+def _annotate(path: str, environment: str, server_flags: list[str], load_flags: list[str], scale: float,
+              wall_s: float, gpus: int) -> None:
     """Write the commands that made a result into it, so the report can name them."""
     if not os.path.exists(path):
         return
     with open(path) as f:
         result = json.load(f)
-    result["server_command"] = f"{engine_environment()}cadence serve {shlex.join(server_flags)}"
+    result["server_command"] = f"{environment}cadence serve {shlex.join(server_flags)}"
     result["load_command"] = f"python -m benchmarks.load {shlex.join(load_flags)}"
     result["scale"] = scale
     result["wall_s"] = wall_s

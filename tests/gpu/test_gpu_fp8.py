@@ -53,7 +53,7 @@ from core.execution.model.fp8_format import (
     reference_matmul,
 )
 from core.execution.model.fp8_gemm import ENV, FP8_GEMMS, scaled_mm_gemm, scaled_mm_unavailable, triton_gemm
-from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv, fp8_gemv_prequantized
+from core.execution.model.fp8_gemv import GEMV_MAX_M, GemvTiles, fp8_gemv
 from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
 from core.execution.runner import ModelRunner
 
@@ -97,27 +97,19 @@ def test_triton_gemm_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
         assert torch.equal(triton_gemm(x, weight, scale_inv), out)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
 def test_decode_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
     x, weight, scale_inv = inputs(m, n, k, seed=n + m)
-    out = fp8_gemv(x, weight, scale_inv, torch.bfloat16)
+    q, scales = quantize_activations(x)
+    out = fp8_gemv(q, scales, weight, scale_inv, torch.bfloat16)
     if m <= GEMV_MAX_M:
         assert torch.equal(triton_gemm(x, weight, scale_inv), out)  # the Triton decode path is the GEMV
     assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
-    q, scales = quantize_activations(x)
     assert_gemm_close(out, block_fp8_matmul(q, scales, weight, scale_inv, torch.bfloat16))
-
-
-@pytest.mark.parametrize("m", [1, 2, 8])
-@pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
-def test_the_prequantized_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
-    x, weight, scale_inv = inputs(m, n, k, seed=n + m)
-    x_q, x_scales = quantize_activations(x)
-    for block_n, split_k, defer_sum in ((16, 1, False), (32, 2, False), (16, 1, True), (8, 2, True)):
-        out = fp8_gemv_prequantized(x_q, x_scales, weight, scale_inv, torch.bfloat16, block_n, split_k,
-                                    defer_sum=defer_sum)
-        assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
+    for tiles in (GemvTiles(16, 1, 4, 4), GemvTiles(32, 2, 6, 4), GemvTiles(8, 3, 2, 8)):
+        assert_gemm_close(fp8_gemv(q, scales, weight, scale_inv, torch.bfloat16, tiles),
+                          reference_matmul(x.float(), weight, scale_inv))
 
 
 @pytest.mark.parametrize("m", [1, 3, 9, 16, 64, 256, 1784, 2048])

@@ -5,9 +5,9 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
 
 * `dequant`: the weight dequantized to x's dtype, then one ordinary matmul; the activations stay
   as they are (weight-only quantization). The CPU serves this, and it is the tests' reference.
-* `triton`: up to GEMV_MAX_M rows (decode) the CUDA-core GEMV of fp8_gemv.py, which quantizes the
-  activations itself; above, activations quantized per token and 128 columns, then the
-  block-scaled tensor-core GEMM of fp8_kernels.py (up to 16 rows it quantizes them itself).
+* `triton`: activations quantized per token and 128 columns (`fp8_kernels.quantize_activations`),
+  then up to GEMV_MAX_M rows (decode) the CUDA-core GEMV of fp8_gemv.py, above the block-scaled
+  tensor-core GEMM of fp8_kernels.py (up to 16 rows it quantizes the rows itself).
 * `scaled_mm`: the same activation quantization, into a row count padded to a multiple of 16, then
   torch's `scaled_mm` with 1 x 128 and 128 x 128 block scales (cuBLASLt; PyTorch >= 2.10 built with
   CUDA >= 12.9, Hopper). cuBLAS refused 1 and 9 rows on an H100 with torch 2.11 and ran 16, 32, 64,
@@ -15,17 +15,18 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
   reads the weight once either way.
 
 `CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm) chooses for every FP8 layer of the process;
-auto is triton on a GPU and dequant on the CPU; scaled_mm is refused at start, with cuBLAS's reason,
-where it cannot run (checked once on a small product). Measured per GEMM on an H100
-(`python -m benchmarks.fp8_tiles`): scaled_mm runs the prefill shapes at 950-1,150 TFLOP/s against
-700-800 for the Triton GEMM, and 16 padded decode rows at 1.4-2.2 TB/s of weight, ahead of the
-GEMV's 1.0-1.5; it becomes auto once a server with it has passed tests/gpu/test_gpu_fp8.py and
-the suite (benchmarks/NOTES.md).
+auto is scaled_mm where it runs (checked once on a small product), else triton, and dequant on
+the CPU; scaled_mm named explicitly is refused at start, with cuBLAS's reason, where it cannot run.
+Measured on an H100 (docs/reports/h100/fp8): per GEMM (`python -m benchmarks.fp8_tiles`) scaled_mm
+runs the prefill shapes at 950-1,150 TFLOP/s against 700-800 for the Triton GEMM and a decode
+layer in 162 us against the GEMV's 157-171 and bf16's 249; served, FP8 with scaled_mm decodes at
+8.37 ms a token (bf16 11.37) and runs 1,784/256 at concurrency 302 at 19,998 tok/s (bf16 14,786).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable
 
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 
 from core.execution.model.fp8_format import dequantize_weight
 
+log = logging.getLogger(__name__)
 ENV = "CADENCE_FP8_GEMM"
 SCALED_MM_ROW_MULTIPLE = 16
 # Up to this many rows the Triton GEMM quantizes the activations itself (one launch, not two); above
@@ -51,7 +53,7 @@ def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
     from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
 
     if x.shape[0] <= GEMV_MAX_M:  # decode: a weight read, on the CUDA cores
-        return fp8_gemv(x, weight, weight_scale_inv, x.dtype)
+        return fp8_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
     if x.shape[0] <= FUSED_QUANTIZATION_MAX_M:  # decode: the GEMM quantizes its rows itself
         return block_fp8_matmul(x, None, weight, weight_scale_inv, x.dtype)
     x_q, x_scales = quantize_activations(x)
@@ -91,6 +93,13 @@ def scaled_mm_unavailable(device: torch.device) -> str | None:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
 
 
+@functools.cache
+def _log_auto_choice(device: torch.device, name: str) -> None:
+    why = f": cuBLAS's block-scaled scaled_mm cannot run here ({scaled_mm_unavailable(device)})" \
+        if name == "triton" else ""
+    log.info("FP8 GEMM on %s: %s%s", device, name, why)
+
+
 FP8_GEMMS: dict[str, Fp8Gemm] = {"dequant": dequant_gemm, "triton": triton_gemm, "scaled_mm": scaled_mm_gemm}
 
 
@@ -98,7 +107,11 @@ def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:
     """The GEMM named by `name` (default: $CADENCE_FP8_GEMM, else auto) for layers on `device`."""
     name = name or os.environ.get(ENV, "auto")
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "dequant"
+        if device.type != "cuda":
+            name = "dequant"
+        else:
+            name = "triton" if scaled_mm_unavailable(device) else "scaled_mm"
+            _log_auto_choice(device, name)
     if name not in FP8_GEMMS:
         raise ValueError(f"{ENV}={name!r} is not an FP8 GEMM: use auto or one of {', '.join(FP8_GEMMS)}")
     if name != "dequant" and device.type != "cuda":
