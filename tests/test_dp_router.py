@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from benchmarks.dp_routing import measure
-from core.scheduling.dp_router import DPRouter, Route
+from core.scheduling.dp_router import SHARED_PREFIX_WEIGHT, DPRouter, Route
 from core.scheduling.routed_prefixes import PrefixKeys, chunk_tokens_for
 
 BS = 16
@@ -71,7 +71,7 @@ class Replay:
         self.hit_tokens = self.prompt_tokens = 0
         self.replicas_of_group: dict[int, set[int]] = {}
         self.max_gap = 0  # the most and least loaded replicas' difference, after any arrival
-        self.gap_bound = 0  # 2 x prompt + max_tokens of the largest request routed
+        self.gap_bound = 0  # W x prompt + max_tokens of the largest request routed
         self.count = 0
 
     def route(self, group: int, prompt: np.ndarray) -> int:
@@ -90,7 +90,7 @@ class Replay:
         self.replicas_of_group.setdefault(group, set()).add(route.replica)
         loads = [self.router.load_tokens[r] for r in self.live]
         self.max_gap = max(self.max_gap, max(loads) - min(loads))
-        self.gap_bound = max(self.gap_bound, 2 * len(prompt) + MAX_TOKENS)
+        self.gap_bound = max(self.gap_bound, SHARED_PREFIX_WEIGHT * len(prompt) + MAX_TOKENS)
         return route.replica
 
     def finish_oldest(self) -> None:
@@ -164,7 +164,7 @@ def test_simulated_hit_rate_within_2_points_of_one_replica(num_replicas, concurr
 
 
 @pytest.mark.parametrize("num_replicas", [2, 4, 8])
-def test_loads_stay_within_twice_a_prompt_plus_its_output_while_a_burst_arrives(num_replicas):
+def test_loads_stay_within_w_prompts_plus_an_output_while_a_burst_arrives(num_replicas):
     run = Replay(num_replicas)
     rng = np.random.default_rng(5)
     for group, prompt in shared_prefix_burst(3):
@@ -193,12 +193,14 @@ def test_unrelated_prompts_spread_evenly_by_load():
     assert router.load_tokens == [25 * 564] * 4
 
 
-def test_a_group_follows_its_first_prompt_until_the_load_there_outweighs_twice_the_prefix():
+def test_a_group_follows_its_first_prompt_until_the_load_there_outweighs_w_times_the_prefix():
     rng = np.random.default_rng(3)
     system = rng.integers(0, 151_000, SYSTEM_LEN, dtype=np.int32)
     def member():
         return np.concatenate([system, rng.integers(0, 151_000, QUESTION_LEN, dtype=np.int32)])
-    for extra_load, expected in [(1_000, 0), (3_000, 1)]:
+    # replica 0 wins while 2,240 + extra + 2,240 - W x 2,048 <= 2,240
+    limit = SHARED_PREFIX_WEIGHT * SYSTEM_LEN - (SYSTEM_LEN + QUESTION_LEN + MAX_TOKENS)
+    for extra_load, expected in [(limit - 1_000, 0), (limit + 1_000, 1)]:
         router = DPRouter(2, BS)
         first = router.pick([0, 1], member(), MAX_TOKENS, lambda r: 0)
         assert first.replica == 0 and first.work == SYSTEM_LEN + QUESTION_LEN + MAX_TOKENS

@@ -69,6 +69,7 @@ class Request:
         self.stop_reason: int | None = None  # the stop token id, when one of stop_token_ids ended it
         self.error: str | None = None  # why the engine (not the client) aborted it
         self.num_preemptions = 0
+        self.prompt_prefix_keys: list[int] | None = None  # prefills_in_flight, computed at most once
         self.queue_time_s: float | None = None  # arrival to first admission; reported with the first token
         self.prompt_scores = (None if sampling_params.prompt_logprobs is None
                               else PromptLogprobs(self.prompt_token_ids, sampling_params.prompt_logprobs))

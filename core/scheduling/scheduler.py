@@ -5,7 +5,9 @@ next chunk: the rest of a prompt (cut to fit the step), or one token when decodi
 
 1. running requests first, oldest first: each takes its next chunk;
 2. then waiting requests in arrival order (preempted ones at the front) while the token budget,
-   the seats (max_num_seqs) and the pages allow, each reusing its longest prefix-cache match.
+   the seats (max_num_seqs) and the pages allow, each reusing its longest prefix-cache match; one
+   whose prompt a prefill in flight is computing past that match waits for its pages
+   (core/scheduling/prefills_in_flight.py), and the next in line may go first.
 
 Pages come from the pool; when it runs short the radix cache evicts, and when that is not enough
 the NEWEST running request is preempted by recompute: its written pages go to the prefix cache,
@@ -42,6 +44,7 @@ from core.config import CacheConfig, SchedulerConfig
 from core.plan import StepPlan, StepResult
 from core.scheduling.admission import why_never_runs
 from core.scheduling.block_pool import BlockPool
+from core.scheduling.prefills_in_flight import PrefillsInFlight, prompt_prefix_keys
 from core.scheduling.radix_cache import RadixCache
 from core.scheduling.request import Request, RequestStatus, TokenDelta
 from core.scheduling.request_outcome import final_output, stop_status, token_output
@@ -50,6 +53,8 @@ from core.scheduling.running_table import RunningTable, ScheduledChunk
 from core.scheduling.scheduler_stats import SchedulerStats
 
 _SEED_RANGE = 2**63
+# How many waiting requests a step looks past when those ahead wait for a prefill in flight.
+_MAX_WAITING_SKIPPED = 64
 
 
 class RequestRejectedError(ValueError):
@@ -83,6 +88,7 @@ class Scheduler:
         self._requests: dict[str, Request] = {}  # every unfinished request
         self._running = RunningTable(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size))
         self._pages = RequestPages(self.pool, self.cache, self._running, self.block_size)
+        self._prefix_keys = prompt_prefix_keys(self.block_size)
         self._rng = np.random.default_rng(seed)
         self._pending_outputs: list[TokenDelta] = []
         self._in_flight: deque[tuple[int, list[ScheduledChunk]]] = deque()  # (step id, chunks), oldest first
@@ -211,10 +217,16 @@ class Scheduler:
             budget -= num_new
             index += 1
         # A step that had to preempt admits nobody: the pages are not there.
-        while (self.waiting and budget > 0 and not preempted
-               and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
-            num_new = self._admit(request, budget)
+        waiting_may_run = self.waiting and self.cache.enabled and not preempted
+        prefills = PrefillsInFlight.of(self.running, self._prefix_keys) if waiting_may_run else None
+        skipped = 0
+        while (len(self.waiting) > skipped and budget > 0 and not preempted
+               and len(self.running) < self.config.max_num_seqs and skipped < _MAX_WAITING_SKIPPED):
+            request = self.waiting[skipped]
+            num_new = self._admit(request, skipped, budget, prefills)
+            if num_new == 0:
+                skipped += 1
+                continue
             if num_new is None:
                 break
             start = request.num_computed_tokens
@@ -311,9 +323,13 @@ class Scheduler:
             num_todo = threshold
         return min(num_todo, budget)
 
-    def _admit(self, request: Request, budget: int) -> int | None:
-        """Start (or restart) the head of the waiting queue; its tokens this step, or None if it must wait."""
+    def _admit(self, request: Request, index: int, budget: int,
+               prefills: PrefillsInFlight | None) -> int | None:
+        """Start (or restart) waiting request `index`; its tokens this step, None if it must wait for
+        room, 0 if for the pages of a prefill in flight."""
         match = self.cache.match(request.all_token_ids[: request.num_reusable_tokens])
+        if prefills is not None and prefills.computes_beyond(request, match.length):
+            return 0
         num_todo = request.num_tokens - match.length
         if self.config.enable_chunked_prefill or num_todo > self.config.max_num_batched_tokens:
             num_new = self._chunk(num_todo, budget)
@@ -326,7 +342,9 @@ class Scheduler:
         if pages is None:
             self._pages.unhold(match)
             return None
-        self.waiting.popleft()
+        del self.waiting[index]
+        if prefills is not None:
+            prefills.add(request)
         if request.status is RequestStatus.PREEMPTED:
             self._num_preempted_waiting -= 1
         if request.first_admitted_s is None:  # not "not preempted": an adopted request may never have run
