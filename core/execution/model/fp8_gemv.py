@@ -14,9 +14,9 @@ another order.
 Why not the tensor-core GEMM of fp8_kernels.py at batch 1: a tensor-core tile has at least 16 rows,
 15 of them padding, and the GEMM's K loop holds one 128-column step in flight; it made the FP8
 decode step twice as slow as bf16 on an H100. Measured there per layer of Qwen3-14B at one row
-(`python -m benchmarks.fp8_tiles`, docs/reports/h100/fp8): this kernel 157-171 us, a first GEMV
-that quantized inside its loop and summed across threads every step 271 us, cuBLAS's scaled_mm
-on 16 padded rows 162 us, bf16 249 us (benchmarks/NOTES.md).
+(`python -m benchmarks.fp8_tiles`, docs/reports/h100/fp8): this kernel 171 us (168 with each
+shape's best tiles), a first GEMV that quantized inside its loop and summed across threads every
+step 265 us, cuBLAS's scaled_mm on 16 padded rows 162 us, bf16 246 us (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
