@@ -50,6 +50,14 @@ def test_unrelated_prompts_and_short_shared_prefixes_are_not_held_back():
     assert all(r.status is RequestStatus.RUNNING for r in short + unrelated)
 
 
+def test_a_request_that_scores_its_prompt_does_not_wait_for_pages_it_cannot_use():
+    scheduler, runner = make_scheduler(max_num_batched_tokens=512)
+    first = add(scheduler, "first", member(0), max_tokens=2)
+    scored = add(scheduler, "scored", member(1), max_tokens=2, prompt_logprobs=1)
+    plan = step(scheduler, runner, Outcome())
+    assert plan.num_reqs == 2 and first.status is scored.status is RequestStatus.RUNNING
+
+
 def test_without_prefix_caching_nobody_waits():
     scheduler, runner = make_scheduler(max_num_batched_tokens=512, prefix_caching=False)
     for i in range(3):

@@ -40,9 +40,10 @@ class PrefillsInFlight:
 
     def computes_beyond(self, request: Request, cached_len: int) -> bool:
         """Whether a prefill in flight computes at least one chunk of `request`'s prompt past the
-        `cached_len` tokens the prefix cache gives it."""
+        `cached_len` tokens the prefix cache gives it, that the request could take from the cache
+        (none while its prompt is scored: it computes every token whatever is cached)."""
         shared = self._record.matched_chunks(0, self._prompt_keys(request)) * self._keys_of.chunk_tokens
-        return shared >= cached_len + self._keys_of.chunk_tokens
+        return min(shared, request.num_reusable_tokens) >= cached_len + self._keys_of.chunk_tokens
 
     def _prompt_keys(self, request: Request) -> list[int]:
         if request.prompt_prefix_keys is None:
