@@ -66,9 +66,11 @@ def _git_commit() -> str:
 
 
 def load_results(directory: str) -> dict[str, dict]:
+    """Every run's JSON in `directory`; not a report this tool wrote there (performance.json), which
+    would otherwise nest the previous report inside the next."""
     results = {}
     for name in sorted(os.listdir(directory)):
-        if name.endswith(".json"):
+        if name.endswith(".json") and name != "performance.json":
             with open(os.path.join(directory, name)) as f:
                 results[name[: -len(".json")]] = json.load(f)
     return results

@@ -38,3 +38,12 @@ def test_a_run_with_step_wait_gets_the_idle_column_and_target(tmp_path):
     c302 = next(line for line in markdown.splitlines() if line.startswith("| c302 |"))
     assert c302.rstrip(" |").endswith("2.7%")
     assert "| c302 GPU idle between steps | 2.7% | <= 3 % | | met |" in markdown
+
+
+def test_a_report_written_beside_its_runs_is_not_read_back_as_a_run(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(REPORTS / "h200" / "step_wait", results)
+    for _ in range(2):  # the second report reads the directory the first one wrote into
+        report.main(["--results", str(results), "--machine", "one H200", "--out-dir", str(results)])
+    figures = json.loads((results / "performance.json").read_text())
+    assert "performance" not in figures and figures["c302"]["completed"] > 0

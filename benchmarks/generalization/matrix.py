@@ -47,7 +47,7 @@ nothing running or waiting, kv_usage 0, every page free or held only by the pref
 Outputs that must agree are compared by benchmarks/generalization/compare.py: in float32 token by
 token (and each sampled token's logprob within --logprob-atol); in bf16/fp16 token by token up to
 a near-tie, where in both runs both diverging tokens are among the top 20 logprobs and within
---tie-tolerance nats (0.35: see compare.py) of that run's best; the tokens after it
+--tie-tolerance nats (0.35; 1.2 for FP8: see compare.py) of that run's best; the tokens after it
 are not compared.
 
 The engine flags (`--model`, `--device`, `--dtype`, `--block-size`, `--max-model-len`, ...) make the
@@ -235,7 +235,8 @@ def run_matrix(args: argparse.Namespace, on_progress: Callable[[dict], None] | N
     base = base_config(args)
     shape = make_shape(args.subset, base.cache.block_size, base.max_model_len)
     workload = Workload(shape, args.workload_seed)
-    tolerance = Tolerance.for_dtype(base.model.dtype, args.logprob_atol, args.tie_tolerance)
+    tolerance = Tolerance.for_dtype(base.model.dtype, args.logprob_atol, args.tie_tolerance,
+                                    base.model.quantization)
     matrix = Matrix(args, base, workload, tolerance)
     matrix.run(set(args.servers.split(",")), lambda: on_progress and on_progress(matrix.report()))
     return matrix.report()
@@ -257,8 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{','.join(SERVER_NAMES)})")
     group.add_argument("--chunk-budget", type=int, default=16,
                        help="max_num_batched_tokens of the chunked-prefill server (default: 16)")
-    group.add_argument("--tie-tolerance", type=float, default=0.35,
-                       help="bf16/fp16: nats within which a divergence is a near-tie (default: 0.35)")
+    group.add_argument("--tie-tolerance", type=float, default=None,
+                       help="bf16/fp16: nats within which a divergence is a near-tie (default: 0.35, "
+                            "1.2 with FP8 activations: see benchmarks/generalization/compare.py)")
     group.add_argument("--logprob-atol", type=float, default=1e-3,
                        help="float32: how far a sampled token's logprob may move (default: 1e-3 nats)")
     group.add_argument("--idle-timeout", type=float, default=10.0,
