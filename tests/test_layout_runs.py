@@ -119,3 +119,29 @@ def test_the_layout_sections_of_the_committed_report_match_what_the_report_would
     committed = (REPORTS / "performance.md").read_text()
     section = "\n".join(report.layout_markdown(figures["layouts"]))
     assert section in committed
+
+
+def test_every_runs_server_flags_are_flags_cadence_serve_takes():
+    # a run whose flags the CLI refuses starts no server: the suite said only "exited with 2"
+    from api.cli import build_parser
+
+    parser = build_parser()
+    runs = {**{key: run.server_flags for key, run in suite.RUNS.items()},
+            **{key: layout.server_flags for key, layout in LAYOUT_RUNS.items()}}
+    for key, flags in runs.items():
+        try:
+            parser.parse_args(["serve", "--model", "qwen3-14b", "--load-format", "dummy", *flags])
+        except SystemExit:
+            pytest.fail(f"{key}: cadence serve refuses {flags}")
+
+
+def test_replicas_meant_to_share_one_card_see_only_one(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    suite.main(["--runs", "prefix_burst_dp2,dp2", "--out-dir", str(tmp_path / "results"), "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[suite] prefix_burst_dp2: CUDA_VISIBLE_DEVICES=0 cadence serve --model "
+                               "qwen3-14b --load-format dummy --dp 2 ; ")
+    assert lines[1].startswith("[suite] dp2: CUDA_VISIBLE_DEVICES=0 cadence serve ")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert suite.run_environment(suite.RUNS["dp2"]) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert suite.run_environment(suite.RUNS["c1"]) == {}
