@@ -50,7 +50,7 @@ from core.scheduling.request import Request, RequestStatus, TokenDelta
 from core.scheduling.request_outcome import final_output, stop_status, token_output
 from core.scheduling.request_pages import RequestPages
 from core.scheduling.running_table import RunningTable, ScheduledChunk
-from core.scheduling.scheduler_stats import SchedulerStats
+from core.scheduling.scheduler_stats import SchedulerCounts, SchedulerStats
 
 _SEED_RANGE = 2**63
 # How many waiting requests a step looks past when those ahead wait for a prefill in flight.
@@ -93,14 +93,7 @@ class Scheduler:
         self._pending_outputs: list[TokenDelta] = []
         self._in_flight: deque[tuple[int, list[ScheduledChunk]]] = deque()  # (step id, chunks), oldest first
         self._next_step_id = 0
-        # statistics
-        self._num_preempted_waiting = 0
-        self._num_preemptions = 0
-        self._num_tokens_last_step = 0
-        self._num_prompt_tokens = 0
-        self._num_generation_tokens = 0
-        self._prefix_query_tokens = 0
-        self._prefix_hit_tokens = 0
+        self.counts = SchedulerCounts()
 
     # --- requests in ------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -131,7 +124,7 @@ class Scheduler:
         else:
             self.waiting.remove(request)
             if request.status is RequestStatus.PREEMPTED:
-                self._num_preempted_waiting -= 1
+                self.counts.num_preempted -= 1
         self._finish(request, RequestStatus.FINISHED_ABORTED)
         self._pending_outputs.append(final_output(request))
         return True
@@ -165,7 +158,7 @@ class Scheduler:
         request.num_preemptions += 1
         self._requests[request.request_id] = request
         self.waiting.appendleft(request)
-        self._num_preempted_waiting += 1
+        self.counts.num_preempted += 1
 
     def cached_prefix_len(self, token_ids: np.ndarray) -> int:
         """How many leading tokens of a prompt this replica's prefix cache holds (for the DP router)."""
@@ -245,7 +238,7 @@ class Scheduler:
                 request.last_step_row = (step_id, row)
         self._next_step_id += 1
         self._in_flight.append((step_id, scheduled))
-        self._num_tokens_last_step = plan.num_tokens
+        self.counts.num_tokens_last_step = plan.num_tokens
         return plan
 
     def _pending_sample_is_last(self, request: Request, total: int) -> bool:
@@ -271,6 +264,7 @@ class Scheduler:
         publish = self.cache.enabled
         block_size = self.block_size
         in_flight_counts = self.max_steps_in_flight > 1
+        num_drained = len(outputs)
         for row, chunk in enumerate(scheduled):
             request = chunk.request
             if request.status is not running or request.num_preemptions != chunk.epoch:
@@ -288,32 +282,21 @@ class Scheduler:
                 request.num_pending_samples -= 1
             token = sampled[row]
             request.append_token(token)
-            self._num_generation_tokens += 1
             status = stop_status(request, token, self.eos_token_ids, self.max_model_len)
             if status is not None:
                 self._finish(request, status)
                 any_finished = True
             outputs.append(token_output(request, token, status, row, result))
+        self.counts.num_generation_tokens += len(outputs) - num_drained  # one output per sampled token
         if any_finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return outputs
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(
-            step_id=self._next_step_id,
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            num_preempted=self._num_preempted_waiting,
-            kv_usage=self.pool.usage,
-            num_free_pages=self.pool.num_free,
-            num_cached_pages=self.pool.num_cached,
-            prefix_cache_query_tokens=self._prefix_query_tokens,
-            prefix_cache_hit_tokens=self._prefix_hit_tokens,
-            num_preemptions=self._num_preemptions,
-            num_tokens_last_step=self._num_tokens_last_step,
-            num_prompt_tokens=self._num_prompt_tokens,
-            num_generation_tokens=self._num_generation_tokens,
-        )
+        return SchedulerStats(step_id=self._next_step_id, num_running=len(self.running),
+                              num_waiting=len(self.waiting), kv_usage=self.pool.usage,
+                              num_free_pages=self.pool.num_free, num_cached_pages=self.pool.num_cached,
+                              **self.counts.as_dict())
 
     # --- admission and pages ----------------------------------------------------------------------
     def _chunk(self, num_todo: int, budget: int) -> int:
@@ -346,14 +329,14 @@ class Scheduler:
         if prefills is not None:
             prefills.add(request)
         if request.status is RequestStatus.PREEMPTED:
-            self._num_preempted_waiting -= 1
+            self.counts.num_preempted -= 1
         if request.first_admitted_s is None:  # not "not preempted": an adopted request may never have run
             request.first_admitted_s = time.monotonic()
             request.num_cached_tokens = match.length
             request.queue_time_s = max(0.0, request.first_admitted_s - request.arrival_s)
-            self._num_prompt_tokens += request.prompt_len
-            self._prefix_query_tokens += request.prompt_len
-            self._prefix_hit_tokens += match.length
+            self.counts.num_prompt_tokens += request.prompt_len
+            self.counts.prefix_cache_query_tokens += request.prompt_len
+            self.counts.prefix_cache_hit_tokens += match.length
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = match.length
         self._pages.attach(request, match, pages)
@@ -392,8 +375,8 @@ class Scheduler:
         request.num_inflight_tokens = request.num_pending_samples = 0  # its chunks in flight are void
         request.num_preemptions += 1
         self.waiting.appendleft(request)
-        self._num_preempted_waiting += 1
-        self._num_preemptions += 1
+        self.counts.num_preempted += 1
+        self.counts.num_preemptions += 1
 
     # --- finishing --------------------------------------------------------------------------------
     def _finish(self, request: Request, status: RequestStatus) -> None:
