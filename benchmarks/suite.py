@@ -27,6 +27,8 @@ Runs (the performance report's keys):
   c1_fp8, c302_fp8,    c1, c302, prefix_on and peer_cadence's prompts on a server quantized to FP8 at
   prefix_on_fp8,       load (--quantization fp8: 128 x 128 block-scaled weights, 1 x 128 dynamic
   peer_cadence_fp8     activation groups), for the bf16 and FP8 rows side by side
+  c1_fp8_defaults,     c1 and c302 in FP8 sampled at the checkpoint's defaults
+  c302_fp8_defaults
 On several cards (benchmarks/lib/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them),
 one card per rank:
   tp2, tp4, tp8        c1 with --tp 2, 4, 8 (2, 4, 8 GPUs); tp2_c302: c302 with --tp 2 (2 GPUs)
@@ -145,6 +147,10 @@ SINGLE_CARD_RUNS = {
     "c302_fp8": Run("c302_fp8", FP8, (*RANDOM, "--max-concurrency", "302"), 1000, "c302"),
     "prefix_on_fp8": Run("prefix_on_fp8", FP8, (*SHARED, "--max-concurrency", "256"), 1024, "prefix_on"),
     "peer_cadence_fp8": Run("peer_cadence_fp8", FP8, PEER_WORKLOAD, 256, "peer_cadence"),
+    "c1_fp8_defaults": Run("c1_fp8_defaults", FP8, (*RANDOM, "--max-concurrency", "1", "--sampling",
+                                                    "model-defaults"), 16, "c1"),
+    "c302_fp8_defaults": Run("c302_fp8_defaults", FP8, (*RANDOM, "--max-concurrency", "302", "--sampling",
+                                                        "model-defaults"), 1000, "c302"),
 }
 
 
