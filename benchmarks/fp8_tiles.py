@@ -8,7 +8,8 @@ included, as served) with the tiles `gemv_tiles` picks and a grid of others, and
 GEMM quantizing inside; from 256
 rows the tensor-core GEMM's tile variants after a separate quantization; the server's `triton` path
 (from 9 rows) and torch's block-scaled `scaled_mm` (every M, its rows padded to 16 as
-`fp8_gemm.scaled_mm_gemm` does).
+`fp8_gemm.scaled_mm_gemm` does), and up to 64 rows the same on the transposed product (the weight
+as cuBLAS's `a`: an experiment for decode, `transposed_scaled_mm`).
 Each is captured in a CUDA graph of >= 24 calls that rotate over enough copies of the weight (>= 200
 MB) that every call reads its weight from HBM, not L2, as in a model step; the median of 5 replays
 is the time per call. A path that fails prints why. Each line shows the four fastest FP8 candidates
@@ -67,6 +68,26 @@ def graph_us(call: Call, copies: int) -> tuple[float | None, str]:
         return None, f"{type(exc).__name__}: {str(exc)[:120]}"
 
 
+def transposed_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                         column_major_weight_scales: bool) -> torch.Tensor:
+    """An experiment for decode, not served: cuBLAS's block-scaled GEMM on the transposed product,
+    out^T [N, M] = weight [N, K] (128 x 128 scales, as `a`) @ x_q^T [K, M] (1 x 128 scales, as `b`),
+    which torch dispatches as "block_128x128_1x128". At 16 rows cuBLAS runs the product with 128
+    of the weight's N per tile, so the 5,120-column layers fill only 40 of 132 SMs and read their
+    weight at 1.3 TB/s; with the weight as `a` the tile shape along N is cuBLAS's to choose anew.
+    Whether the scales of `a` want row- or column-major is tried both ways."""
+    from torch.nn.functional import ScalingType, SwizzleType
+
+    m = x.shape[0]
+    rows = -(-m // 16) * 16
+    x_q, x_scales = quantize_activations(x, rows=rows)  # scales [rows, K/128], row-major
+    scale_a = weight_scale_inv.t().contiguous().t() if column_major_weight_scales else weight_scale_inv
+    out_t = F.scaled_mm(weight, x_q.t(), scale_a, ScalingType.BlockWise128x128, x_scales.t(),
+                        ScalingType.BlockWise1x128, swizzle_a=SwizzleType.NO_SWIZZLE,
+                        swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=x.dtype)
+    return out_t[:, :m].t().contiguous()
+
+
 def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
                fp8: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Call]:
     calls: dict[str, Call] = {"bf16": lambda i: F.linear(x, bf16[i])}
@@ -82,6 +103,10 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])
     calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])  # rows padded to 16
+    if m <= 64:
+        calls["scaled_mm transposed"] = lambda i: transposed_scaled_mm(x, *fp8[i], False)
+        calls["scaled_mm transposed, a scales column-major"] = (
+            lambda i: transposed_scaled_mm(x, *fp8[i], True))
     if m >= 256:
         x_q, x_scales = quantize_activations(x)
         for tiles in (MatmulTiles(128, 128, 1, 8, 3), MatmulTiles(128, 128, 1, 8, 4),
