@@ -20,7 +20,8 @@ the CPU; scaled_mm named explicitly is refused at start, with cuBLAS's reason, w
 Measured on an H100 (docs/reports/h100/fp8): per GEMM (`python -m benchmarks.fp8_tiles`) scaled_mm
 runs the prefill shapes at 950-1,150 TFLOP/s against 700-800 for the Triton GEMM and a decode
 layer in 162 us against the GEMV's 171 and bf16's 246; served, FP8 with scaled_mm decodes at
-8.37 ms a token (bf16 11.37) and runs 1,784/256 at concurrency 302 at 19,998 tok/s (bf16 14,786).
+8.37 ms a token (bf16 11.37) and runs 1,784/256 at concurrency 302 at 19,949-19,998 tok/s (two runs;
+bf16 14,786).
 """
 
 from __future__ import annotations
