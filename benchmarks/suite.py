@@ -119,11 +119,6 @@ SINGLE_CARD_RUNS = {
     "prefix_burst_dp1": Run("prefix_burst_dp1", (), tuple(SHARED_BURST), 512),
     "prefix_burst_dp2": Run("prefix_burst_dp2", ("--dp", "2"), tuple(SHARED_BURST), 512, "prefix_burst_dp1",
                             one_card=True),
-    # The burst pair in FP8: on an 80 GB card two bf16 replicas leave each ~3 GB of KV cache, too
-    # little for the burst's working set, so the pair would measure eviction, not routing.
-    "prefix_burst_dp1_fp8": Run("prefix_burst_dp1_fp8", FP8, tuple(SHARED_BURST), 512, "prefix_burst_dp1"),
-    "prefix_burst_dp2_fp8": Run("prefix_burst_dp2_fp8", (*FP8, "--dp", "2"), tuple(SHARED_BURST), 512,
-                                "prefix_burst_dp1", one_card=True),
     "peer_cadence": Run("peer_cadence", (), PEER_WORKLOAD, 256),
     # The same prompts as c1 and c302, one step at a time (each on a server of its own).
     "c1_sync": Run("c1_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
@@ -151,6 +146,12 @@ SINGLE_CARD_RUNS = {
                                                     "model-defaults"), 16, "c1"),
     "c302_fp8_defaults": Run("c302_fp8_defaults", FP8, (*RANDOM, "--max-concurrency", "302", "--sampling",
                                                         "model-defaults"), 1000, "c302"),
+    # New runs go last: a run's prompts are seeded by its place here.
+    # The burst pair in FP8: on an 80 GB card two bf16 replicas leave each ~3 GB of KV cache, too
+    # little for the burst's working set, so the pair would measure eviction, not routing.
+    "prefix_burst_dp1_fp8": Run("prefix_burst_dp1_fp8", FP8, tuple(SHARED_BURST), 512, "prefix_burst_dp1"),
+    "prefix_burst_dp2_fp8": Run("prefix_burst_dp2_fp8", (*FP8, "--dp", "2"), tuple(SHARED_BURST), 512,
+                                "prefix_burst_dp1", one_card=True),
 }
 
 
