@@ -3,12 +3,12 @@ and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per r
 
     python -m benchmarks.fp8_tiles --out fp8_tiles.json [--batches 1,2,4,8,16,256,1784,8192]
 
-Per (layer, M): bf16 F.linear; up to 16 rows the FP8 decode GEMV (the activation quantization
-included, as served) with the tiles `gemv_tiles` picks and a grid of others, and the tensor-core
-GEMM quantizing inside; from 256
-rows the tensor-core GEMM's tile variants after a separate quantization; the server's `triton` path
-(from 9 rows) and torch's block-scaled `scaled_mm` (every M, its rows padded to 16 as
-`fp8_gemm.scaled_mm_gemm` does), and up to 64 rows the same on the transposed product (the weight
+Per (layer, M): bf16 F.linear; up to 16 rows the activation quantization alone, the FP8 decode GEMV
+(the quantization included, as served) with the tiles `gemv_tiles` picks and a grid of others
+(columns a program, 128-column groups a loop step, K splits), and the tensor-core GEMM quantizing
+inside; from 256 rows the tensor-core GEMM's tile variants after a separate quantization; the
+server's `triton` path (from 9 rows) and torch's block-scaled `scaled_mm` (every M, its rows padded
+to 16 as `fp8_gemm.scaled_mm_gemm` does), and up to 64 rows the same on the transposed product (the weight
 as cuBLAS's `a`: an experiment for decode, `transposed_scaled_mm`).
 Each is captured in a CUDA graph of >= 24 calls that rotate over enough copies of the weight (>= 200
 MB) that every call reads its weight from HBM, not L2, as in a model step; the median of 5 replays
@@ -94,11 +94,14 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
     if m <= 16:
         calls["dot fused"] = lambda i: block_fp8_matmul(x, None, *fp8[i], torch.bfloat16)
         calls["gemv"] = lambda i: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16)
+        calls["quantize only"] = lambda i: quantize_activations(x)[0]
         block_m = 1 << (m - 1).bit_length()
-        for block_n, split_k, stages in itertools.product((8, 16, 32), (1, 2), (3, 6)):
-            if block_m * block_n * 128 <= 16384:  # the [rows, columns, 128] accumulator, in registers
-                tiles = GemvTiles(block_n, split_k, stages, 4)
-                calls[f"gemv n{block_n} s{split_k} st{stages}"] = (
+        for block_n, groups, split_k in itertools.product((8, 16, 32), (1, 2, 4, 8), (1, 2)):
+            accumulator = block_m * block_n * 128 * groups  # [rows, columns, step] floats, in registers
+            warps = 4 if accumulator <= 8192 else 8
+            if accumulator <= 64 * 32 * warps:
+                tiles = GemvTiles(block_n, split_k, 3, warps, groups)
+                calls[f"gemv n{block_n} g{groups} s{split_k} w{warps}"] = (
                     lambda i, tiles=tiles: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16, tiles))
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])
@@ -132,7 +135,7 @@ def layer_rows(layer: str, n: int, k: int, batches: tuple[int, ...]) -> list[dic
             row["us"][name] = micros
             if failure:
                 row["failed"][name] = failure
-            elif name != "bf16":
+            elif name not in ("bf16", "quantize only"):
                 row["error"][name] = float((call(0).float() - reference).abs().max() / reference.abs().max())
         print(summary(row), flush=True)
         rows.append(row)
@@ -141,14 +144,15 @@ def layer_rows(layer: str, n: int, k: int, batches: tuple[int, ...]) -> list[dic
 
 def summary(row: dict) -> str:
     m, n, k = row["m"], row["n"], row["k"]
-    timed = sorted((us, name) for name, us in row["us"].items() if us is not None and name != "bf16")
+    timed = sorted((us, name) for name, us in row["us"].items()
+                   if us is not None and name not in ("bf16", "quantize only"))
     bf16 = row["us"]["bf16"]
     line = f"{row['layer']:12s} M={m:5d}  bf16 {bf16 if bf16 is None else round(bf16, 1)} us"
     for micros, name in timed[:4]:
         line += (f" | {name} {micros:.1f} us {n * k / micros / 1e6:.2f} TB/s "
                  f"{2 * m * n * k / micros / 1e6:.0f} TFLOP/s err {row['error'][name]:.1e}")
-    served = {name: row["us"].get(name) for name in ("gemv", "dot fused", "triton", "scaled_mm")
-              if name in row["us"]}
+    paths = ("quantize only", "gemv", "dot fused", "triton", "scaled_mm")
+    served = {name: row["us"].get(name) for name in paths if name in row["us"]}
     line += f" || {', '.join(f'{name} {us if us is None else round(us, 1)}' for name, us in served.items())}"
     return line + (f"  failed: {row['failed']}" if row["failed"] else "")
 
