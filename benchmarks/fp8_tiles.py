@@ -69,20 +69,20 @@ def graph_us(call: Call, copies: int) -> tuple[float | None, str]:
 
 
 def transposed_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                         column_major_weight_scales: bool) -> torch.Tensor:
+                         column_major_x_scales: bool) -> torch.Tensor:
     """An experiment for decode, not served: cuBLAS's block-scaled GEMM on the transposed product,
     out^T [N, M] = weight [N, K] (128 x 128 scales, as `a`) @ x_q^T [K, M] (1 x 128 scales, as `b`),
     which torch dispatches as "block_128x128_1x128". At 16 rows cuBLAS runs the product with 128
     of the weight's N per tile, so the 5,120-column layers fill only 40 of 132 SMs and read their
     weight at 1.3 TB/s; with the weight as `a` the tile shape along N is cuBLAS's to choose anew.
-    Whether the scales of `a` want row- or column-major is tried both ways."""
+    torch 2.11 wants `a`'s scales as [K/128, N/128] with strides (1, K/128) (the checkpoint's
+    [N/128, K/128] transposed) and `b`'s as [M, K/128]; their strides are tried both ways."""
     from torch.nn.functional import ScalingType, SwizzleType
 
     m = x.shape[0]
     rows = -(-m // 16) * 16
-    x_q, x_scales = quantize_activations(x, rows=rows)  # scales [rows, K/128], row-major
-    scale_a = weight_scale_inv.t().contiguous().t() if column_major_weight_scales else weight_scale_inv
-    out_t = F.scaled_mm(weight, x_q.t(), scale_a, ScalingType.BlockWise128x128, x_scales.t(),
+    x_q, x_scales = quantize_activations(x, column_major_scales=column_major_x_scales, rows=rows)
+    out_t = F.scaled_mm(weight, x_q.t(), weight_scale_inv.t(), ScalingType.BlockWise128x128, x_scales,
                         ScalingType.BlockWise1x128, swizzle_a=SwizzleType.NO_SWIZZLE,
                         swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=x.dtype)
     return out_t[:, :m].t().contiguous()
@@ -108,7 +108,7 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
     calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])  # rows padded to 16
     if m <= 64:
         calls["scaled_mm transposed"] = lambda i: transposed_scaled_mm(x, *fp8[i], False)
-        calls["scaled_mm transposed, a scales column-major"] = (
+        calls["scaled_mm transposed, b scales column-major"] = (
             lambda i: transposed_scaled_mm(x, *fp8[i], True))
     if m >= 256:
         x_q, x_scales = quantize_activations(x)

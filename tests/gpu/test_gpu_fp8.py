@@ -53,7 +53,7 @@ from core.execution.model.fp8_format import (
     reference_matmul,
 )
 from core.execution.model.fp8_gemm import ENV, FP8_GEMMS, scaled_mm_gemm, scaled_mm_unavailable, triton_gemm
-from core.execution.model.fp8_gemv import GEMV_MAX_M, GemvTiles, fp8_gemv
+from core.execution.model.fp8_gemv import GEMV_MAX_M, GemvTiles, fp8_gemv, gemv_beats_scaled_mm
 from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
 from core.execution.runner import ModelRunner
 
@@ -122,6 +122,8 @@ def test_scaled_mm_with_block_scales_equals_the_reference_where_torch_has_it(nam
     assert out.shape == (m, n)
     assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
     assert_gemm_close(triton_gemm(x, weight, scale_inv), out)  # two implementations, one answer
+    if gemv_beats_scaled_mm(m, n, torch.cuda.get_device_properties(0).multi_processor_count):
+        assert torch.equal(out, fp8_gemv(*quantize_activations(x), weight, scale_inv, torch.bfloat16))
 
 
 def skip_without_scaled_mm() -> None:

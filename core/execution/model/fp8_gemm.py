@@ -12,7 +12,8 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
   torch's `scaled_mm` with 1 x 128 and 128 x 128 block scales (cuBLASLt; PyTorch >= 2.10 built with
   CUDA >= 12.9, Hopper). cuBLAS refused 1 and 9 rows on an H100 with torch 2.11 and ran 16, 32, 64,
   256, 1,784 and 8,192, hence the padding; a decode step's padded rows cost nothing, the step
-  reads the weight once either way.
+  reads the weight once either way. One row of a product as wide as gate/up goes to the GEMV
+  instead, which reads it faster there (`fp8_gemv.gemv_beats_scaled_mm`).
 
 `CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm) chooses for every FP8 layer of the process;
 auto is scaled_mm where it runs (checked once on a small product), else triton, and dequant on
@@ -64,11 +65,14 @@ def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
 def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from torch.nn.functional import ScalingType, SwizzleType
 
-    from core.execution.model.fp8_kernels import quantize_activations
+    from core.execution.model.fp8_gemv import fp8_gemv, gemv_beats_scaled_mm
+    from core.execution.model.fp8_kernels import num_sms_of, quantize_activations
 
     if weight_scale_inv.shape[1] % 4:  # torch wants the K blocks' scales in fours (TP 4 and 8 shards)
         return triton_gemm(x, weight, weight_scale_inv)
     m = x.shape[0]
+    if gemv_beats_scaled_mm(m, weight.shape[0], num_sms_of(x.device)):  # one row of a wide product
+        return fp8_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
     rows = -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
     # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
     x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=rows)

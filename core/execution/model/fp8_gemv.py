@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from core.execution.model.fp8_format import BLOCK
-from core.execution.model.fp8_kernels import _num_sms, split_k_partials, sum_split_k
+from core.execution.model.fp8_kernels import num_sms_of, split_k_partials, sum_split_k
 
 # Up to this many rows the GEMV serves (fp8_gemm.triton_gemm); above, the tensor-core GEMM. Measured
 # on an H100: per layer 265 us against the tensor-core GEMM's 520 at 4 rows, 466 against 396 at 8.
@@ -96,6 +96,14 @@ def gemv_tiles(m: int, n: int, k: int, num_sms: int = 132) -> GemvTiles:
     return GemvTiles(block_n, split_k=2 if k >= 2 * n else 1, num_stages=3, num_warps=4)
 
 
+def gemv_beats_scaled_mm(m: int, n: int, num_sms: int = 132) -> bool:
+    """Whether this GEMV outruns cuBLAS's block-scaled GEMM (its rows padded to 16): at one row on a
+    product wide enough for 32 columns a program and 8 programs an SM (gate/up). Measured on an
+    H100 at one row (`python -m benchmarks.fp8_tiles`): gate/up 68.6-71.8 us against 77.6-78.1;
+    at two rows 79.9 against 76.7; qkv, o and down 22-51 us against 20-43 at every row count."""
+    return m == 1 and triton.cdiv(n, 32) >= 8 * num_sms
+
+
 def fp8_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
              out_dtype: torch.dtype, tiles: GemvTiles | None = None) -> torch.Tensor:
     """x_q fp8 [M, K] with scales [M, ceil(K/128)] times the block-scaled fp8 weight [N, K]
@@ -105,7 +113,7 @@ def fp8_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor, we
     assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1
     assert m <= 16, f"the GEMV holds all {m} rows in one program: it is for decode's few"
     if tiles is None:
-        tiles = gemv_tiles(m, n, k, _num_sms(x_q.device))
+        tiles = gemv_tiles(m, n, k, num_sms_of(x_q.device))
     assert BLOCK % tiles.block_n == 0, tiles
     steps = triton.cdiv(k, BLOCK * tiles.groups_per_step)
     steps_per_split = triton.cdiv(steps, tiles.split_k)

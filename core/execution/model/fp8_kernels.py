@@ -145,7 +145,7 @@ def _block_fp8_matmul_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, M, N
 
 
 @functools.cache
-def _num_sms(device: torch.device) -> int:
+def num_sms_of(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
@@ -199,7 +199,7 @@ def block_fp8_matmul(x_q: torch.Tensor, x_scales: torch.Tensor | None, weight: t
     n = weight.shape[0]
     assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1
     if tiles is None:
-        tiles = matmul_tiles(m, n, k, _num_sms(x_q.device))
+        tiles = matmul_tiles(m, n, k, num_sms_of(x_q.device))
     assert BLOCK % tiles.block_n == 0, f"block_n {tiles.block_n} must divide {BLOCK}"
     k_steps = triton.cdiv(k, BLOCK)
     k_steps_per_split = triton.cdiv(k_steps, tiles.split_k)
