@@ -52,7 +52,14 @@ from core.execution.model.fp8_format import (
     quantize_weight,
     reference_matmul,
 )
-from core.execution.model.fp8_gemm import ENV, FP8_GEMMS, scaled_mm_gemm, scaled_mm_unavailable, triton_gemm
+from core.execution.model.fp8_gemm import (
+    ENV,
+    FP8_GEMMS,
+    mixed_gemm,
+    scaled_mm_gemm,
+    scaled_mm_unavailable,
+    triton_gemm,
+)
 from core.execution.model.fp8_gemv import GEMV_MAX_M, GemvTiles, fp8_gemv, gemv_beats_scaled_mm
 from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
 from core.execution.runner import ModelRunner
@@ -122,8 +129,12 @@ def test_scaled_mm_with_block_scales_equals_the_reference_where_torch_has_it(nam
     assert out.shape == (m, n)
     assert_gemm_close(out, reference_matmul(x.float(), weight, scale_inv))
     assert_gemm_close(triton_gemm(x, weight, scale_inv), out)  # two implementations, one answer
+    mixed = mixed_gemm(x, weight, scale_inv)  # auto's: the GEMV at one row of gate/up, else scaled_mm
     if gemv_beats_scaled_mm(m, n, torch.cuda.get_device_properties(0).multi_processor_count):
-        assert torch.equal(out, fp8_gemv(*quantize_activations(x), weight, scale_inv, torch.bfloat16))
+        assert torch.equal(mixed, fp8_gemv(*quantize_activations(x), weight, scale_inv, torch.bfloat16))
+        assert_gemm_close(mixed, out)
+    else:
+        assert torch.equal(mixed, out)
 
 
 def skip_without_scaled_mm() -> None:
@@ -169,9 +180,9 @@ def triton_against_exact(runner: ModelRunner, prompt: list[int], continuation: l
     return error, floor
 
 
-@pytest.mark.parametrize("gemm", ["triton", "scaled_mm"])
+@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed"])
 def test_one_layer_of_the_14b_shape_in_fp8_tracks_exact_gemms(gemm, monkeypatch):
-    if gemm == "scaled_mm":
+    if gemm != "triton":
         skip_without_scaled_mm()
     monkeypatch.setenv(ENV, gemm)
     runner = fp8_14b_runner(num_layers=1, enforce_eager=True)
@@ -212,10 +223,10 @@ def test_decode_graphs_with_the_dequantizing_gemm_replay_eagers_numbers(batch, m
         assert max_relative(ours, theirs) < 1e-4, f"step {step}: graph and eager logits differ"
 
 
-@pytest.mark.parametrize("gemm", ["triton", "scaled_mm"])
+@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed"])
 @pytest.mark.parametrize("batch", [1, 5, 40])
 def test_decode_graphs_with_fp8_gemms_stay_within_the_noise_floor(batch, gemm, monkeypatch):
-    if gemm == "scaled_mm":
+    if gemm != "triton":
         skip_without_scaled_mm()
     monkeypatch.setenv(ENV, gemm)
     graphs, eager, nudge = (tiny_fp8_runner(eager=False), tiny_fp8_runner(eager=True),

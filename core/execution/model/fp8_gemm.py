@@ -12,12 +12,14 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
   torch's `scaled_mm` with 1 x 128 and 128 x 128 block scales (cuBLASLt; PyTorch >= 2.10 built with
   CUDA >= 12.9, Hopper). cuBLAS refused 1 and 9 rows on an H100 with torch 2.11 and ran 16, 32, 64,
   256, 1,784 and 8,192, hence the padding; a decode step's padded rows cost nothing, the step
-  reads the weight once either way. One row of a product as wide as gate/up goes to the GEMV
-  instead, which reads it faster there (`fp8_gemv.gemv_beats_scaled_mm`).
+  reads the weight once either way.
+* `mixed`: scaled_mm, except one row of a product as wide as gate/up, which the GEMV of the
+  triton path reads faster (`fp8_gemv.gemv_beats_scaled_mm`).
 
-`CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm) chooses for every FP8 layer of the process;
-auto is scaled_mm where it runs (checked once on a small product), else triton, and dequant on
-the CPU; scaled_mm named explicitly is refused at start, with cuBLAS's reason, where it cannot run.
+`CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm, mixed) chooses for every FP8 layer of the
+process; auto is mixed where scaled_mm runs (checked once on a small product), else triton, and
+dequant on the CPU; scaled_mm or mixed named explicitly is refused at start, with cuBLAS's reason,
+where it cannot run.
 Measured on an H100 (docs/reports/h100/fp8): per GEMM (`python -m benchmarks.fp8_tiles`) scaled_mm
 runs the prefill shapes at 950-1,150 TFLOP/s against 700-800 for the Triton GEMM and a decode
 layer in 162 us against the GEMV's 171 and bf16's 246; served, FP8 with scaled_mm decodes at
@@ -65,14 +67,11 @@ def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
 def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from torch.nn.functional import ScalingType, SwizzleType
 
-    from core.execution.model.fp8_gemv import fp8_gemv, gemv_beats_scaled_mm
-    from core.execution.model.fp8_kernels import num_sms_of, quantize_activations
+    from core.execution.model.fp8_kernels import quantize_activations
 
     if weight_scale_inv.shape[1] % 4:  # torch wants the K blocks' scales in fours (TP 4 and 8 shards)
         return triton_gemm(x, weight, weight_scale_inv)
     m = x.shape[0]
-    if gemv_beats_scaled_mm(m, weight.shape[0], num_sms_of(x.device)):  # one row of a wide product
-        return fp8_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
     rows = -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
     # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
     x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=rows)
@@ -81,6 +80,15 @@ def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torc
                       ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
                       swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=x.dtype)
     return out if rows == m else out[:m]
+
+
+def mixed_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+    from core.execution.model.fp8_gemv import fp8_gemv, gemv_beats_scaled_mm
+    from core.execution.model.fp8_kernels import num_sms_of, quantize_activations
+
+    if gemv_beats_scaled_mm(x.shape[0], weight.shape[0], num_sms_of(x.device)):
+        return fp8_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
+    return scaled_mm_gemm(x, weight, weight_scale_inv)
 
 
 @functools.cache
@@ -105,7 +113,9 @@ def _log_auto_choice(device: torch.device, name: str) -> None:
     log.info("FP8 GEMM on %s: %s%s", device, name, why)
 
 
-FP8_GEMMS: dict[str, Fp8Gemm] = {"dequant": dequant_gemm, "triton": triton_gemm, "scaled_mm": scaled_mm_gemm}
+FP8_GEMMS: dict[str, Fp8Gemm] = {"dequant": dequant_gemm, "triton": triton_gemm, "scaled_mm": scaled_mm_gemm,
+                                  "mixed": mixed_gemm}
+NEEDS_SCALED_MM = ("scaled_mm", "mixed")
 
 
 def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:
@@ -115,13 +125,13 @@ def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:
         if device.type != "cuda":
             name = "dequant"
         else:
-            name = "triton" if scaled_mm_unavailable(device) else "scaled_mm"
+            name = "triton" if scaled_mm_unavailable(device) else "mixed"
             _log_auto_choice(device, name)
     if name not in FP8_GEMMS:
         raise ValueError(f"{ENV}={name!r} is not an FP8 GEMM: use auto or one of {', '.join(FP8_GEMMS)}")
     if name != "dequant" and device.type != "cuda":
         raise ValueError(f"{ENV}={name}: the {name} FP8 GEMM needs a CUDA device, the model is on {device}")
-    if name == "scaled_mm" and scaled_mm_unavailable(device):
-        raise ValueError(f"{ENV}=scaled_mm: torch {torch.__version__} cannot run the block-scaled scaled_mm "
+    if name in NEEDS_SCALED_MM and scaled_mm_unavailable(device):
+        raise ValueError(f"{ENV}={name}: torch {torch.__version__} cannot run the block-scaled scaled_mm "
                          f"here ({scaled_mm_unavailable(device)}); use triton")
     return FP8_GEMMS[name]
