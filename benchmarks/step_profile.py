@@ -212,6 +212,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=2048, help="tokens of context per decode request")
     parser.add_argument("--prefill-len", type=int, default=1784)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--quantization", choices=["fp8"], default=None,
+                        help="quantize the weights at load, as cadence serve --quantization does")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -221,6 +223,8 @@ def main() -> None:
     block_size = 16
     pages_per_req = -(-(args.context + 1) // block_size)
     model = ModelConfig.from_name(args.model)
+    if args.quantization:
+        model = model.quantized_at_load(args.quantization)
     config = EngineConfig(
         model=model, cache=CacheConfig(block_size=block_size),
         scheduler=SchedulerConfig(max_num_seqs=max(batches), max_num_batched_tokens=8192,

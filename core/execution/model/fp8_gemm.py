@@ -14,10 +14,16 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
   256, 1,784 and 8,192, hence the padding; a decode step's padded rows cost nothing, the step
   reads the weight once either way.
 * `mixed`: scaled_mm, except one row of a product as wide as gate/up, which the GEMV of the
-  triton path reads faster (`fp8_gemv.gemv_beats_scaled_mm`).
+  triton path reads faster (`fp8_gemv.gemv_beats_scaled_mm`). Measured on one H100, back to back:
+  concurrency-1 TPOT 7.83 ms against scaled_mm's 8.31. Not the default: scaled_mm pads every
+  decode step of up to 16 rows to the same 16-row product, so a request's numbers do not depend
+  on how many others share its step; with mixed a request alone computes gate/up another way
+  than in a batch, FP8's activation quantization amplifies the difference, and the GPU
+  generalization matrix passed 22 of 30 cells against scaled_mm's 26 (seeded sampling and
+  stop strings no longer reproduced their reference run).
 
 `CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm, mixed) chooses for every FP8 layer of the
-process; auto is mixed where scaled_mm runs (checked once on a small product), else triton, and
+process; auto is scaled_mm where it runs (checked once on a small product), else triton, and
 dequant on the CPU; scaled_mm or mixed named explicitly is refused at start, with cuBLAS's reason,
 where it cannot run.
 Measured on an H100 (docs/reports/h100/fp8): per GEMM (`python -m benchmarks.fp8_tiles`) scaled_mm
@@ -125,7 +131,7 @@ def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:
         if device.type != "cuda":
             name = "dequant"
         else:
-            name = "triton" if scaled_mm_unavailable(device) else "mixed"
+            name = "triton" if scaled_mm_unavailable(device) else "scaled_mm"
             _log_auto_choice(device, name)
     if name not in FP8_GEMMS:
         raise ValueError(f"{ENV}={name!r} is not an FP8 GEMM: use auto or one of {', '.join(FP8_GEMMS)}")
