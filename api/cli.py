@@ -145,7 +145,8 @@ def _start_engine(args: argparse.Namespace, watch: EngineWatch) -> Iterator[tupl
 
     engine_config = config_from_args(args)
     name = args.served_model_name or engine_config.model.name
-    model = ServedModel(name, engine_config.max_model_len, engine_config.model.generation)
+    model = ServedModel(name, engine_config.max_model_len, engine_config.model.generation,
+                        engine_config.scheduler.max_logprobs)
     options = replace(launch_options_from_args(args), native_tcp=args.native_tcp,
                       native_api_key=api_key_of(args) if args.native_tcp else None)
     with Launcher(engine_config, options, on_fatal=watch) as launcher:

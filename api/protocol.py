@@ -55,7 +55,7 @@ from api.chat_messages import parse_continue_final_message, parse_messages, pars
 from api.errors import ApiError, invalid
 from api.tool_fields import ToolSettings, parse_tool_fields
 from core.config import GenerationDefaults
-from core.sampling_params import MAX_LOGPROBS, SAMPLING_COLUMNS, SamplingParams, SamplingParamsError
+from core.sampling_params import DEFAULT_MAX_LOGPROBS, SAMPLING_COLUMNS, SamplingParams, SamplingParamsError
 from ipc.messages import GenerateRequest
 
 MAX_CHOICES = 64
@@ -84,6 +84,7 @@ class ServedModel:
     name: str  # the served model name: requests must name it or leave `model` out
     max_model_len: int  # prompt + output tokens
     defaults: GenerationDefaults  # what a request that leaves a sampling field out gets
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # the most top logprobs a request may ask for
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -134,8 +135,8 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
     prompts = _parse_prompts(fields)
     echo = fields.bool("echo", False)
     require_noop(fields, "suffix", ("",), "suffix is not supported")
-    logprobs = fields.int("logprobs", 0, MAX_LOGPROBS)
-    prompt_logprobs = fields.int("prompt_logprobs", 0, MAX_LOGPROBS)
+    logprobs = fields.int("logprobs", 0, model.max_logprobs)
+    prompt_logprobs = fields.int("prompt_logprobs", 0, model.max_logprobs)
     scored = [k for k in (prompt_logprobs, logprobs if echo else None) if k is not None]
     n = _parse_n(fields, len(prompts))
     best_of = fields.int("best_of", 1, MAX_CHOICES)
@@ -178,7 +179,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
     require_noop(fields, "response_format", ({"type": "text"},), "only response_format {'type': 'text'} "
                   "is supported")
     want_logprobs = fields.bool("logprobs", False)
-    top_logprobs = fields.int("top_logprobs", 0, MAX_LOGPROBS)
+    top_logprobs = fields.int("top_logprobs", 0, model.max_logprobs)
     if top_logprobs and not want_logprobs:
         raise invalid("top_logprobs", "top_logprobs needs logprobs set to true")
     logprobs = (top_logprobs or 0) if want_logprobs else None
@@ -190,7 +191,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
     if max_tokens is None:
         max_tokens = fields.int("max_tokens", None, None)
     stream, include_usage, continuous_usage = _parse_stream(fields, "/v1/chat/completions", strict_fields)
-    prompt_logprobs = fields.int("prompt_logprobs", 0, MAX_LOGPROBS)
+    prompt_logprobs = fields.int("prompt_logprobs", 0, model.max_logprobs)
     if prompt_logprobs is not None and stream:
         raise invalid("prompt_logprobs", "prompt_logprobs is not supported with stream true on chat "
                       "completions (the response carries them once, beside its choices)")

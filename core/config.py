@@ -21,6 +21,7 @@ from core.quantization import (
     read_quantization_config,
 )
 from core.registry import LINEAR_METHODS, MODEL_TYPES, attention_backend_choices
+from core.sampling_params import DEFAULT_MAX_LOGPROBS
 
 DTYPES = ("float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -331,8 +332,12 @@ class SchedulerConfig:
     # sampled tokens to the other ranks. On an H200 it took concurrency-1 TPOT from 9.5 to 8.4 ms and
     # the GPU's idle share between steps from 8.6 % to 0.0 % (benchmarks/NOTES.md).
     async_scheduling: bool = True
+    # The most top logprobs (per sampled or prompt token) a request may ask for.
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
 
     def __post_init__(self) -> None:
+        if self.max_logprobs < 0:
+            raise ConfigError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:

@@ -17,7 +17,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-MAX_LOGPROBS = 20
+# The most top logprobs a request may ask for unless the server allows more (`--max-logprobs`, as
+# vLLM's; OpenAI's chat API allows 20). The engine's own limit is SchedulerConfig.max_logprobs.
+DEFAULT_MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 
 
@@ -75,10 +77,10 @@ class SamplingParams:
                 fail(name, f"must be in [-2, 2], got {getattr(self, name)}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             fail("seed", f"must fit in 64 bits, got {self.seed}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            fail("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-            fail("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        if self.logprobs is not None and self.logprobs < 0:
+            fail("logprobs", f"must be >= 0, got {self.logprobs}")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            fail("prompt_logprobs", f"must be >= 0, got {self.prompt_logprobs}")
         if self.max_tokens is None and self.min_tokens < 0:
             fail("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and not 0 <= self.min_tokens <= self.max_tokens:

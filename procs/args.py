@@ -45,6 +45,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="longest prompt + output, in tokens (default: the model's context)")
     group.add_argument("--max-num-seqs", type=int, default=defaults_sched.max_num_seqs,
                        help=f"requests running at once per replica (default: {defaults_sched.max_num_seqs})")
+    group.add_argument("--max-logprobs", type=int, default=defaults_sched.max_logprobs,
+                       help="the most top logprobs a request may ask for, per generated or prompt token "
+                            f"(default: {defaults_sched.max_logprobs})")
     group.add_argument("--max-num-batched-tokens", type=int, default=defaults_sched.max_num_batched_tokens,
                        help=f"tokens per step (default: {defaults_sched.max_num_batched_tokens})")
     group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
@@ -122,7 +125,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
                                   max_model_len=args.max_model_len,
                                   enable_chunked_prefill=args.enable_chunked_prefill,
                                   long_prefill_token_threshold=args.long_prefill_token_threshold,
-                                  async_scheduling=args.async_scheduling),
+                                  async_scheduling=args.async_scheduling,
+                                  max_logprobs=args.max_logprobs),
         device=device,
         seed=args.seed,
         attention_backend=args.attention_backend,

@@ -48,13 +48,19 @@ def fit_to_context(params: SamplingParams, num_prompt_tokens: int, max_model_len
 
 
 def prompt_for_params(ids: list[int], params: SamplingParams, vocab_size: int,
-                      max_model_len: int) -> list[int]:
+                      max_model_len: int, max_logprobs: int) -> list[int]:
     """The prompt `params` make of `ids`: its last truncate_prompt_tokens (-1: max_model_len - 1, the
     most that leaves room for one token); PromptError on `logit_bias` when it names a token outside
-    the model's vocabulary."""
+    the model's vocabulary, and on `logprobs` / `prompt_logprobs` above the server's --max-logprobs
+    (the API refuses those before; a native client's request is checked here)."""
     bad = next((token_id for token_id, _ in params.logit_bias if token_id >= vocab_size), None)
     if bad is not None:
         raise PromptError("logit_bias", f"token id {bad} is outside the model's vocabulary of {vocab_size}")
+    for name in ("logprobs", "prompt_logprobs"):
+        asked = getattr(params, name)
+        if asked is not None and asked > max_logprobs:
+            raise PromptError(name, f"{name} {asked} is more than this server allows "
+                                    f"(--max-logprobs {max_logprobs})")
     keep = params.truncate_prompt_tokens
     if keep is None:
         return ids

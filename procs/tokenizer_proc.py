@@ -229,7 +229,8 @@ class TokenizerProcess:
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             bad = next(i for i in ids if not 0 <= i < self.vocab_size)
             raise PromptError(where, f"token id {bad} is outside the model's vocabulary of {self.vocab_size}")
-        return prompt_for_params(ids, request.params, self.vocab_size, self.max_model_len)
+        return prompt_for_params(ids, request.params, self.vocab_size, self.max_model_len,
+                                 self.spec.config.scheduler.max_logprobs)
 
     def refuse_bad_client_message(self, exc: BadFrame) -> None:
         """A client's message that does not decode: the request it names (if it names one) is refused

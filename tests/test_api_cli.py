@@ -42,6 +42,17 @@ def test_vllm_and_sglang_function_calling_flags_are_accepted(capsys):
     assert "invalid choice: 'mistral'" in capsys.readouterr().err
 
 
+def test_max_logprobs_reaches_the_engine_config_and_a_negative_one_is_refused():
+    from core.config import ConfigError
+    from procs.args import config_from_args
+
+    parse = cli.build_parser().parse_args
+    assert config_from_args(parse(["serve"])).scheduler.max_logprobs == 20
+    assert config_from_args(parse(["serve", "--max-logprobs", "100"])).scheduler.max_logprobs == 100
+    with pytest.raises(ConfigError, match="max_logprobs must be >= 0, got -1"):
+        config_from_args(parse(["serve", "--max-logprobs", "-1"]))
+
+
 def test_a_command_is_required():
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args([])

@@ -3,6 +3,8 @@ response objects out, without sockets."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -162,6 +164,20 @@ def test_malformed_request_gets_status_param_and_message(endpoint, body, status,
     assert message in error.message
     assert error.to_dict() == {"error": {"message": error.message, "type": "invalid_request_error",
                                          "param": param, "code": None}}
+
+
+def test_the_servers_max_logprobs_bounds_every_logprobs_field():
+    wide = dataclasses.replace(MODEL, max_logprobs=100)  # cadence serve --max-logprobs 100
+    assert parse_completion_request({**COMPLETION, "logprobs": 100}, wide, "c").logprobs == 100
+    assert parse_completion_request({**COMPLETION, "prompt_logprobs": 100}, wide, "c").prompt_logprobs == 100
+    assert parse_chat_request({**CHAT, "logprobs": True, "top_logprobs": 100}, wide, "c").logprobs == 100
+    for parse, body, param in ((parse_completion_request, {**COMPLETION, "logprobs": 101}, "logprobs"),
+                               (parse_chat_request, {**CHAT, "logprobs": True, "top_logprobs": 101},
+                                "top_logprobs"),
+                               (parse_chat_request, {**CHAT, "prompt_logprobs": 101}, "prompt_logprobs")):
+        with pytest.raises(ApiError) as info:
+            parse(body, wide, "c")
+        assert info.value.param == param and "<= 100, got 101" in info.value.message
 
 
 def test_the_table_has_at_least_forty_rows():

@@ -143,8 +143,10 @@ def test_prompt_scores_cross_the_wire():
 
 
 def test_prompt_logprobs_range_is_checked():
+    # the upper bound is the server's (--max-logprobs), checked where a request comes in
     with pytest.raises(SamplingParamsError, match="prompt_logprobs"):
-        SamplingParams(prompt_logprobs=21)
+        SamplingParams(prompt_logprobs=-1)
+    assert SamplingParams(prompt_logprobs=100).prompt_logprobs == 100
 
 
 def _tp_plan(seed: int = 7):

@@ -117,6 +117,21 @@ def test_too_long_prompt_is_refused_with_the_numbers(reference):
                               "prompt tokens and asks for 100 more")
 
 
+def test_more_logprobs_than_the_server_allows_are_refused_naming_the_flag(reference):
+    _, client = reference
+    client.submit("many", SamplingParams(max_tokens=2, logprobs=21), prompt_token_ids=[1, 2, 3])
+    client.submit("prompt", SamplingParams(max_tokens=2, prompt_logprobs=25), prompt_token_ids=[1, 2, 3])
+    client.submit("most", SamplingParams(max_tokens=2, logprobs=20), prompt_token_ids=[1, 2, 3])
+    widths: list[int] = []
+    results = client.collect(["many", "prompt", "most"],
+                             on_output=lambda out: widths.extend(len(top) for top in out.top_logprobs or []))
+    assert results["many"].failed.field == "logprobs"
+    assert results["many"].failed.message == "logprobs 21 is more than this server allows (--max-logprobs 20)"
+    assert results["prompt"].failed.field == "prompt_logprobs"
+    assert results["most"].failed is None and results["most"].finish_reason == "length"
+    assert widths == [20, 20]
+
+
 def test_a_burst_of_prompts_is_tokenized_together_and_a_bad_one_fails_alone(reference, reference_tokens):
     """Text, chat and id prompts sent at once (tokenized on the encoder threads, forwarded in order),
     with bad ones among them: each good one gets the tokens it gets alone, each bad one its error."""

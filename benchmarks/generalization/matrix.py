@@ -46,7 +46,7 @@ nothing running or waiting, kv_usage 0, every page free or held only by the pref
 
 Outputs that must agree are compared by benchmarks/generalization/compare.py: in float32 token by
 token (and each sampled token's logprob within --logprob-atol); in bf16/fp16 token by token up to
-a near-tie, where in both runs both diverging tokens are among the top 20 logprobs and within
+a near-tie, where in both runs both diverging tokens are among the top 100 logprobs and within
 --tie-tolerance nats (0.35; 1.2 for FP8: see compare.py) of that run's best; the tokens after it
 are not compared.
 
@@ -85,7 +85,7 @@ from benchmarks.generalization.server_plans import (
     describe_config,
     server_plans,
 )
-from benchmarks.generalization.workload import Workload, make_shape
+from benchmarks.generalization.workload import TOP_LOGPROBS, Workload, make_shape
 from core.config import EngineConfig
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
 from procs.devices import visible_gpu_count
@@ -226,7 +226,8 @@ def _say(line: str) -> None:
 def base_config(args: argparse.Namespace) -> EngineConfig:
     config = config_from_args(args)
     max_model_len = args.max_model_len or min(DEFAULT_MAX_MODEL_LEN[args.subset], config.max_model_len)
-    return replace(config, scheduler=replace(config.scheduler, max_model_len=max_model_len))
+    return replace(config, scheduler=replace(config.scheduler, max_model_len=max_model_len,
+                                             max_logprobs=max(config.scheduler.max_logprobs, TOP_LOGPROBS)))
 
 
 def run_matrix(args: argparse.Namespace, on_progress: Callable[[dict], None] | None = None) -> dict:

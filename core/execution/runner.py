@@ -36,7 +36,6 @@ from core.execution.sampler import Sampler, SamplingTensors
 from core.execution.startup_phases import StartupPhases
 from core.plan import StepPlan, StepResult
 from core.registry import MODEL_TYPES
-from core.sampling_params import MAX_LOGPROBS
 
 # Without a GPU to profile, a CPU replica gives its KV cache this much memory unless told otherwise.
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -153,8 +152,9 @@ class ModelRunner:
         scratch = self._allocate_kv_cache(-(-num_tokens // block_size))
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
+        most_logprobs = np.array([self.config.scheduler.max_logprobs], np.int32)
         plan = dataclasses.replace(warmup_plan([(0, num_tokens)], block_size, self.config.model.vocab_size),
-                                   num_prompt_logprobs=np.array([MAX_LOGPROBS], np.int32))
+                                   num_prompt_logprobs=most_logprobs)
         self.forward(plan, scratch)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_reserved(self.device)
