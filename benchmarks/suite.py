@@ -29,6 +29,8 @@ Runs (the performance report's keys):
   peer_cadence_fp8     activation groups), for the bf16 and FP8 rows side by side
   c1_fp8_defaults,     c1 and c302 in FP8 sampled at the checkpoint's defaults
   c302_fp8_defaults
+  c1_short(_fp8),      48 in / 64 out at concurrency 1, 64 prompts (TTFT bound by the host's launch of
+  c1_short(_fp8)_graphs an eager step), in bf16 and FP8, and the same with --small-step-graphs
 On several cards (benchmarks/lib/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them),
 one card per rank:
   tp2, tp4, tp8        c1 with --tp 2, 4, 8 (2, 4, 8 GPUs); tp2_c302: c302 with --tp 2 (2 GPUs)
@@ -89,6 +91,8 @@ SHARED = [
 SHARED_BURST = ["--dataset", "shared-prefix", "--groups", "32", "--prompts-per-group", "16", "--system-len",
                 "2048", "--question-len", "128", "--output-len", "64", "--max-concurrency", "128"]
 FP8 = ("--quantization", "fp8")
+SMALL_STEP_GRAPHS = ("--small-step-graphs",)
+SHORT = ["--dataset", "random", "--input-len", "48", "--output-len", "64", "--max-concurrency", "1"]
 PEER_WORKLOAD = ["--dataset", "random", "--input-len", "512", "--output-len", "128", "--num-prompts", "256"]
 
 
@@ -156,6 +160,13 @@ SINGLE_CARD_RUNS = {
     "prefix_burst_dp1_fp8": Run("prefix_burst_dp1_fp8", FP8, tuple(SHARED_BURST), 512, "prefix_burst_dp1"),
     "prefix_burst_dp2_fp8": Run("prefix_burst_dp2_fp8", (*FP8, "--dp", "2"), tuple(SHARED_BURST), 512,
                                 "prefix_burst_dp1", one_card=True),
+    # Short prompts one at a time, whose first token waits on the host's launch of an eager step,
+    # with and without the decode graphs replaying such steps (core/execution/token_rows.py).
+    "c1_short": Run("c1_short", (), tuple(SHORT), 64),
+    "c1_short_graphs": Run("c1_short_graphs", SMALL_STEP_GRAPHS, tuple(SHORT), 64, "c1_short"),
+    "c1_short_fp8": Run("c1_short_fp8", FP8, tuple(SHORT), 64, "c1_short"),
+    "c1_short_fp8_graphs": Run("c1_short_fp8_graphs", (*FP8, *SMALL_STEP_GRAPHS), tuple(SHORT), 64,
+                               "c1_short"),
 }
 
 

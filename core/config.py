@@ -362,6 +362,9 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"  # a name of core/registry.py's ATTENTION_BACKENDS, or auto
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
+    # Small steps that are not pure decodes replayed by the decode graphs, one row per token
+    # (core/execution/token_rows.py). Off until measured on a GPU.
+    small_step_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.attention_backend not in attention_backend_choices():

@@ -34,6 +34,7 @@ from core.execution.prompt_logprobs import PromptScores, prompt_targets, score_p
 from core.execution.registry import registered_class
 from core.execution.sampler import Sampler, SamplingTensors
 from core.execution.startup_phases import StartupPhases
+from core.execution.token_rows import TOKEN_ROWS_MAX_EXTRA_KV_READS, as_token_rows, extra_kv_reads
 from core.plan import StepPlan, StepResult
 from core.registry import MODEL_TYPES
 
@@ -279,6 +280,14 @@ class ModelRunner:
         """Whether the step's forward (and, where it can, its sampling) replays a decode graph."""
         return self.graphs is not None and self.graphs.can_run(plan)
 
+    def _graphed_as_token_rows(self, plan: StepPlan) -> bool:
+        """Whether a step that is not a pure decode replays a decode graph, one row per token
+        (core/execution/token_rows.py): --small-step-graphs, the step's tokens within the ladder and
+        its rows' extra K/V reads within the bound."""
+        return (self.config.small_step_graphs and self.graphs is not None
+                and 0 < plan.num_tokens <= self.graphs.max_batch
+                and extra_kv_reads(plan) <= TOKEN_ROWS_MAX_EXTRA_KV_READS)
+
     def forward_logits(self, plan: StepPlan, kv_cache: KVCache | None = None
                        ) -> tuple[torch.Tensor | None, np.ndarray]:
         """Float32 logits [N, vocab] of the rows that sample (rank 0; None elsewhere) and those rows."""
@@ -293,6 +302,13 @@ class ModelRunner:
         if kv_cache is None and targets is None and self._graphed(plan):
             logits = self.graphs.run(plan, fill=lambda ids: self._fill_placeholders(plan, ids))
             return logits, plan.sampled_rows, None
+        if kv_cache is None and targets is None and self._graphed_as_token_rows(plan):
+            # A row per token, in the step's token order: the placeholders sit where they do in the plan.
+            logits = self.graphs.run(as_token_rows(plan), fill=lambda ids: self._fill_placeholders(plan, ids))
+            rows = plan.sampled_rows
+            if logits is None or not len(rows):
+                return None, rows, None
+            return logits[to_device(plan.logits_index[rows], self.device).long()], rows, None
         kv_cache = kv_cache or self.kv_cache
         device = self.device
         input_ids = to_device(plan.input_ids, device).long()

@@ -15,11 +15,11 @@ from core.execution.runner import ModelRunner
 BLOCK_SIZE = 16
 
 
-def _runner(enforce_eager: bool) -> ModelRunner:
+def _runner(enforce_eager: bool, small_step_graphs: bool = False) -> ModelRunner:
     config = EngineConfig(model=ModelConfig.from_name("qwen3-tiny", dtype="float32"),
                           cache=CacheConfig(block_size=BLOCK_SIZE, num_pages=2048),
                           scheduler=SchedulerConfig(max_model_len=1024, max_num_seqs=40), device="cuda",
-                          enforce_eager=enforce_eager)
+                          enforce_eager=enforce_eager, small_step_graphs=small_step_graphs)
     return ModelRunner(config, show_progress=False)
 
 
@@ -56,3 +56,25 @@ def test_graph_padding_writes_no_kv():
     runner.forward_logits(plan)
     torch.cuda.synchronize()
     assert torch.equal(before, runner.kv_cache.storage), "a padded graph row wrote into the KV cache"
+
+
+def test_small_steps_replayed_as_token_rows_give_the_eager_logits():
+    """--small-step-graphs: prompts of up to 40 tokens, cached prefixes and decodes beside them replay
+    the decode graph of their token count, one row per token (core/execution/token_rows.py)."""
+    rows, eager = _runner(False, small_step_graphs=True), _runner(True)
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, 150_000, 300).tolist()
+    warm = make_plan([Chunk(prompt[:288], 0, list(range(30))), Chunk(prompt[:7], 0, [40])], BLOCK_SIZE)
+    steps = [  # a 12-token prompt; 12 new tokens after 288 cached with a decode beside them; 3 decodes
+        make_plan([Chunk(prompt[100:112], 0, [50])], BLOCK_SIZE, step_id=1),
+        make_plan([Chunk(prompt[288:300], 288, list(range(30))), Chunk([5], 7, [40])], BLOCK_SIZE, step_id=2),
+        make_plan([Chunk([7], 300, list(range(30))), Chunk([8], 8, [40]), Chunk([9], 12, [50])], BLOCK_SIZE,
+                  step_id=3),
+    ]
+    for runner in (rows, eager):
+        runner.forward_logits(warm)
+    for plan in steps:
+        ours, _ = rows.forward_logits(plan)
+        theirs, _ = eager.forward_logits(plan)
+        error = float((ours - theirs).abs().max() / theirs.abs().max())
+        assert error < 1e-4, f"step {plan.step_id}: token-row graph logits differ by {error:.2e}"
