@@ -5,7 +5,7 @@ and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per r
 
 Per (layer, M): bf16 F.linear; up to 16 rows the activation quantization alone, the FP8 decode GEMV
 (the quantization included, as served) with the tiles `gemv_tiles` picks and a grid of others
-(columns a program, 128-column groups a loop step, K splits), and the tensor-core GEMM quantizing
+(columns a program, K splits, pipeline stages), and the tensor-core GEMM quantizing
 inside; from 256 rows the tensor-core GEMM's tile variants after a separate quantization; the
 server's `triton` path (from 9 rows) and torch's block-scaled `scaled_mm` (every M, its rows padded
 to 16 as `fp8_gemm.scaled_mm_gemm` does), and up to 64 rows the same on the transposed product (the weight
@@ -96,12 +96,10 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
         calls["gemv"] = lambda i: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16)
         calls["quantize only"] = lambda i: quantize_activations(x)[0]
         block_m = 1 << (m - 1).bit_length()
-        for block_n, groups, split_k in itertools.product((8, 16, 32), (1, 2, 4, 8), (1, 2)):
-            accumulator = block_m * block_n * 128 * groups  # [rows, columns, step] floats, in registers
-            warps = 4 if accumulator <= 8192 else 8
-            if accumulator <= 64 * 32 * warps:
-                tiles = GemvTiles(block_n, split_k, 3, warps, groups)
-                calls[f"gemv n{block_n} g{groups} s{split_k} w{warps}"] = (
+        for block_n, split_k, stages in itertools.product((8, 16, 32), (1, 2), (3, 6)):
+            if block_m * block_n * 128 <= 16384:  # the [rows, columns, 128] accumulator, in registers
+                tiles = GemvTiles(block_n, split_k, stages, 4)
+                calls[f"gemv n{block_n} s{split_k} st{stages}"] = (
                     lambda i, tiles=tiles: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16, tiles))
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])

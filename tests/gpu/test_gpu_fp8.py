@@ -115,8 +115,7 @@ def test_decode_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
     reference = reference_matmul(x.float(), weight, scale_inv)
     assert_gemm_close(out, reference)
     assert_gemm_close(out, block_fp8_matmul(q, scales, weight, scale_inv, torch.bfloat16))
-    for tiles in (GemvTiles(16, 1, 4, 4), GemvTiles(32, 2, 6, 4), GemvTiles(8, 3, 2, 8),
-                  GemvTiles(16, 2, 3, 8, groups_per_step=4), GemvTiles(8, 1, 3, 4, groups_per_step=8)):
+    for tiles in (GemvTiles(16, 1, 4, 4), GemvTiles(32, 2, 6, 4), GemvTiles(8, 3, 2, 8)):
         assert_gemm_close(fp8_gemv(q, scales, weight, scale_inv, torch.bfloat16, tiles), reference)
 
 

@@ -5,9 +5,9 @@ CUDA cores, streaming the weight once.
 `fp8_gemv(x_q, x_scales, weight, weight_scale_inv, out_dtype)`: x_q fp8 [M, K] with scales
 [M, ceil(K/128)] (`fp8_kernels.quantize_activations`), weight fp8 [N, K] with 128 x 128 block scales
 -> [M, N]. Each program owns BLOCK_N output columns (inside one weight block row, so one weight
-scale per 128 columns of K) and walks K GROUPS_PER_STEP 128-column groups a step, software-pipelined
-(NUM_STAGES steps of weight in flight). Per step it multiplies element by element in float32,
-scales by the token's and the block's scales, and adds into a [BLOCK_M, BLOCK_N, step] accumulator
+scale per 128 columns of K) and walks K one 128-column group at a time, software-pipelined
+(NUM_STAGES groups of weight in flight). Per group it multiplies element by element in float32,
+scales by the token's and the block's scale, and adds into a [BLOCK_M, BLOCK_N, 128] accumulator
 that it sums over K once after the loop: the definition `fp8_format.reference_matmul` computes, in
 another order.
 
@@ -39,38 +39,29 @@ GEMV_MAX_M = 4
 def _fp8_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, steps_per_split, stride_xm, stride_xsm,
                      stride_xsg, stride_wn, stride_wsn, stride_wsk, stride_cs, stride_cm,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
-                     GROUPS_PER_STEP: tl.constexpr, NUM_STAGES: tl.constexpr):
+                     NUM_STAGES: tl.constexpr):
     """c[split, m, n] = this split's sum over K of dequantized x_q[m, k] times dequantized w[n, k]."""
-    STEP_K: tl.constexpr = GROUP * GROUPS_PER_STEP
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, STEP_K)
+    offs_k = tl.arange(0, GROUP)
     mask_m = offs_m < M
     mask_n = offs_n < N
     ws_row = ws_ptr + ((pid_n * BLOCK_N) // GROUP) * stride_wsn
-    products = tl.zeros((BLOCK_M, BLOCK_N, STEP_K), dtype=tl.float32)
+    products = tl.zeros((BLOCK_M, BLOCK_N, GROUP), dtype=tl.float32)
     first_step = split * steps_per_split
-    last_step = tl.minimum(first_step + steps_per_split, tl.cdiv(K, STEP_K))
+    last_step = tl.minimum(first_step + steps_per_split, tl.cdiv(K, GROUP))
     for step in tl.range(first_step, last_step, num_stages=NUM_STAGES):
-        k = step * STEP_K + offs_k
+        k = step * GROUP + offs_k
         mask_k = k < K
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + k[None, :], mask=mask_n[:, None] & mask_k[None, :],
-                    other=0.0).to(tl.float32)  # [BLOCK_N, STEP_K]
+                    other=0.0).to(tl.float32)  # [BLOCK_N, GROUP]
         x = tl.load(xq_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None] & mask_k[None, :],
-                    other=0.0).to(tl.float32)  # [BLOCK_M, STEP_K]
-        if GROUPS_PER_STEP == 1:  # one scale per row and one for the weight block
-            x_scale = tl.load(xs_ptr + offs_m * stride_xsm + step * stride_xsg, mask=mask_m, other=0.0)
-            w_scale = tl.load(ws_row + step * stride_wsk)
-            x = x * (x_scale[:, None] * w_scale)
-        else:  # each column's group's scales, gathered (a few distinct addresses, from L1)
-            group = k // GROUP
-            x_scale = tl.load(xs_ptr + offs_m[:, None] * stride_xsm + group[None, :] * stride_xsg,
-                              mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            w_scale = tl.load(ws_row + group * stride_wsk, mask=mask_k, other=0.0)
-            x = x * (x_scale * w_scale[None, :])
-        products += x[:, None, :] * w[None, :, :]
+                    other=0.0).to(tl.float32)  # [BLOCK_M, GROUP]
+        x_scale = tl.load(xs_ptr + offs_m * stride_xsm + step * stride_xsg, mask=mask_m, other=0.0)
+        w_scale = tl.load(ws_row + step * stride_wsk)
+        products += (x * (x_scale[:, None] * w_scale))[:, None, :] * w[None, :, :]
     acc = tl.sum(products, axis=2)
     c = c_ptr + split * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
@@ -81,7 +72,6 @@ class GemvTiles(NamedTuple):
     split_k: int
     num_stages: int
     num_warps: int
-    groups_per_step: int = 1  # 128-column groups of K a program loads per loop step
 
 
 def gemv_tiles(m: int, n: int, k: int, num_sms: int = 132) -> GemvTiles:
@@ -115,7 +105,7 @@ def fp8_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor, we
     if tiles is None:
         tiles = gemv_tiles(m, n, k, num_sms_of(x_q.device))
     assert BLOCK % tiles.block_n == 0, tiles
-    steps = triton.cdiv(k, BLOCK * tiles.groups_per_step)
+    steps = triton.cdiv(k, BLOCK)
     steps_per_split = triton.cdiv(steps, tiles.split_k)
     split_k = triton.cdiv(steps, steps_per_split)
     partials = split_k_partials(m, n, split_k, out_dtype, x_q.device)
@@ -125,5 +115,5 @@ def fp8_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor, we
         x_scales.stride(0), x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0),
         weight_scale_inv.stride(1), partials.stride(0), partials.stride(1),
         BLOCK_M=triton.next_power_of_2(max(m, 1)), BLOCK_N=tiles.block_n, GROUP=BLOCK,
-        GROUPS_PER_STEP=tiles.groups_per_step, NUM_STAGES=tiles.num_stages, num_warps=tiles.num_warps)
+        NUM_STAGES=tiles.num_stages, num_warps=tiles.num_warps)
     return sum_split_k(partials, out_dtype)
