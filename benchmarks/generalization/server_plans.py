@@ -107,5 +107,5 @@ def describe_config(config: EngineConfig) -> dict[str, object]:
         "chunked_prefill": config.scheduler.enable_chunked_prefill,
         "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
         "max_num_seqs": config.scheduler.max_num_seqs, "max_model_len": config.max_model_len,
-        "async_scheduling": config.scheduler.async_scheduling,
+        "async_scheduling": config.scheduler.async_scheduling, "max_logprobs": config.scheduler.max_logprobs,
     }
