@@ -179,3 +179,21 @@ def test_the_flag_reaches_the_engine_config(flag, expected):
     from procs.args import config_from_args
 
     assert config_from_args(cli.build_parser().parse_args(["serve", *flag])).small_step_graphs is expected
+
+
+def test_a_server_with_the_flag_serves_on_the_cpu_as_without_it():
+    """The flag travels to the executors; without a GPU there are no graphs, so nothing changes."""
+    from system_client import GREEDY, SystemClient, tiny_config
+
+    from procs.launcher import Launcher, LaunchOptions
+
+    prompts = {f"p{i}": {"prompt": "count the stars " * (i + 1)} for i in range(3)}
+    tokens = []
+    for flag in (False, True):
+        config = dataclasses.replace(tiny_config(num_pages=128), small_step_graphs=flag)
+        with Launcher(config, LaunchOptions(startup_timeout_s=120)) as launcher, \
+                SystemClient(launcher.endpoints.tokenizer_frontend) as client:
+            results = client.generate(prompts, GREEDY)
+        assert all(r.error is None and r.failed is None for r in results.values())
+        tokens.append({key: r.token_ids for key, r in results.items()})
+    assert tokens[0] == tokens[1]

@@ -46,3 +46,25 @@ def test_tp2_on_one_card_replays_graphs_with_the_eager_tokens():
     assert graphs["sampled"] == eager["sampled"]
     no_kernel = _serve(parallel={"disable_custom_all_reduce": True})
     assert no_kernel["greedy"] == eager["greedy"]
+
+
+def _serve_one_at_a_time(tp: int, **changes) -> dict[str, list[int]]:
+    """Each prompt alone, in float32: its prefill is a small step (12-40 tokens)."""
+    config = tiny_config(tp=tp, num_pages=256)
+    config = dataclasses.replace(config, device="cuda:0", model=config.model.with_overrides(dtype="float32"),
+                                 **changes)
+    with Launcher(config, LaunchOptions(startup_timeout_s=300)) as launcher, \
+            SystemClient(launcher.endpoints.tokenizer_frontend) as client:
+        tokens = {}
+        for key, prompt in PROMPTS.items():
+            result = client.generate({key: prompt}, GREEDY)[key]
+            assert result.error is None, result.error
+            tokens[key] = result.token_ids
+        return tokens
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_small_steps_through_the_decode_graphs_keep_the_eager_tokens(tp):
+    """--small-step-graphs: each prompt's prefill replays the decode graph one row per token
+    (core/execution/token_rows.py), on one rank and on two sharing the card."""
+    assert _serve_one_at_a_time(tp, small_step_graphs=True) == _serve_one_at_a_time(tp, enforce_eager=True)
