@@ -31,6 +31,8 @@ Runs (the performance report's keys):
   c302_fp8_defaults
   c1_short(_fp8),      48 in / 64 out at concurrency 1, 64 prompts (TTFT bound by the host's launch of
   c1_short(_fp8)_graphs an eager step), in bf16 and FP8, and the same with --small-step-graphs
+  c1_fp8_kvfp8,        c1 and c302 in FP8 with an fp8 KV cache (--kv-cache-dtype fp8)
+  c302_fp8_kvfp8
 On several cards (benchmarks/lib/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them),
 one card per rank:
   tp2, tp4, tp8        c1 with --tp 2, 4, 8 (2, 4, 8 GPUs); tp2_c302: c302 with --tp 2 (2 GPUs)
@@ -92,6 +94,7 @@ SHARED_BURST = ["--dataset", "shared-prefix", "--groups", "32", "--prompts-per-g
                 "2048", "--question-len", "128", "--output-len", "64", "--max-concurrency", "128"]
 FP8 = ("--quantization", "fp8")
 SMALL_STEP_GRAPHS = ("--small-step-graphs",)
+FP8_KV = ("--kv-cache-dtype", "fp8")
 SHORT = ["--dataset", "random", "--input-len", "48", "--output-len", "64", "--max-concurrency", "1"]
 PEER_WORKLOAD = ["--dataset", "random", "--input-len", "512", "--output-len", "128", "--num-prompts", "256"]
 
@@ -167,6 +170,10 @@ SINGLE_CARD_RUNS = {
     "c1_short_fp8": Run("c1_short_fp8", FP8, tuple(SHORT), 64, "c1_short"),
     "c1_short_fp8_graphs": Run("c1_short_fp8_graphs", (*FP8, *SMALL_STEP_GRAPHS), tuple(SHORT), 64,
                                "c1_short"),
+    # FP8 weights and an fp8 KV cache: half the K/V bytes a decode step reads (core/execution/kv_cache.py).
+    "c1_fp8_kvfp8": Run("c1_fp8_kvfp8", (*FP8, *FP8_KV), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
+    "c302_fp8_kvfp8": Run("c302_fp8_kvfp8", (*FP8, *FP8_KV), (*RANDOM, "--max-concurrency", "302"), 1000,
+                          "c302"),
 }
 
 

@@ -297,6 +297,9 @@ class ParallelConfig:
         return self.tp_size * self.dp_size
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -304,8 +307,14 @@ class CacheConfig:
     num_pages: int | None = None
     gpu_memory_utilization: float = 0.90
     enable_prefix_caching: bool = True
+    # "auto": K/V in the model's dtype; "fp8" (or vLLM's "fp8_e4m3"): float8 e4m3, scale 1
+    # (core/execution/kv_cache.py).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                              f"got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two (1, 2, 4, ..., 256), got {self.block_size}")
         if self.block_size > 256:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from core.config import (
+    KV_CACHE_DTYPES,
     LOAD_FORMATS,
     CacheConfig,
     ConfigError,
@@ -54,6 +55,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="split long prompts across steps (default: on)")
     group.add_argument("--long-prefill-token-threshold", type=int, default=0,
                        help="cap one request's chunk per step with chunked prefill (default: 0, no cap)")
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=defaults_cache.kv_cache_dtype,
+                       help="auto: K/V in the model's dtype; fp8 (fp8_e4m3): float8 e4m3 with scale 1, "
+                            "twice the tokens in the same memory (default: auto)")
     group.add_argument("--block-size", type=int, default=defaults_cache.block_size,
                        help=f"tokens per KV page (default: {defaults_cache.block_size})")
     group.add_argument("--gpu-memory-utilization", type=float,
@@ -124,7 +128,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
                                 disable_custom_all_reduce=args.disable_custom_all_reduce),
         cache=CacheConfig(block_size=args.block_size, num_pages=args.num_gpu_blocks_override,
                           gpu_memory_utilization=args.gpu_memory_utilization,
-                          enable_prefix_caching=args.enable_prefix_caching),
+                          enable_prefix_caching=args.enable_prefix_caching,
+                          kv_cache_dtype=args.kv_cache_dtype),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs,
                                   max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=args.max_model_len,

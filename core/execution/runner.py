@@ -26,7 +26,7 @@ from core.execution.attention.backend import AttentionBackend, AttentionMetadata
 from core.execution.decode_graphs import DecodeGraphs
 from core.execution.distributed import TPGroup
 from core.execution.host_to_device import to_device
-from core.execution.kv_cache import KVCache
+from core.execution.kv_cache import FP8_KV_DTYPE, KVCache
 from core.execution.model.causal_lm import CausalLM
 from core.execution.model.layers import finish_loading
 from core.execution.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
@@ -117,12 +117,16 @@ class ModelRunner:
     def _page_bytes(self) -> int:
         m = self.config.model
         return KVCache.bytes_per_page(m.num_layers, self.config.cache.block_size,
-                                      m.num_kv_heads // self.tp.size, m.head_dim, self.dtype)
+                                      m.num_kv_heads // self.tp.size, m.head_dim, self.kv_dtype)
 
     def _allocate_kv_cache(self, num_pages: int) -> KVCache:
         m = self.config.model
         return KVCache(m.num_layers, num_pages, self.config.cache.block_size, m.num_kv_heads // self.tp.size,
-                       m.head_dim, self.dtype, self.device)
+                       m.head_dim, self.kv_dtype, self.device)
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.dtype if self.config.cache.kv_cache_dtype == "auto" else FP8_KV_DTYPE
 
     def _num_pages_that_fit(self) -> int:
         if self.device.type != "cuda":

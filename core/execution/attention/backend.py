@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from core.execution.host_to_device import to_device
+from core.execution.kv_cache import raw, to_cache_dtype
 from core.plan import StepPlan
 
 
@@ -84,5 +85,6 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              kv_index: torch.Tensor) -> None:
     """Scatter the step's new K/V rows into the pages: slot = page * block_size + offset."""
     num_pages, block_size = k_cache.shape[:2]
-    k_cache.view(num_pages * block_size, *k_cache.shape[2:]).index_copy_(0, kv_index, k)
-    v_cache.view(num_pages * block_size, *v_cache.shape[2:]).index_copy_(0, kv_index, v)
+    for rows, cache in ((k, k_cache), (v, v_cache)):
+        raw(cache).view(num_pages * block_size, *cache.shape[2:]).index_copy_(
+            0, kv_index, raw(to_cache_dtype(rows, cache.dtype)))

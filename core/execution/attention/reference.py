@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from core.execution.attention.backend import AttentionBackend, AttentionMetadata, write_kv
+from core.execution.kv_cache import raw
 
 
 class ReferenceAttention(AttentionBackend):
@@ -28,8 +29,9 @@ class ReferenceAttention(AttentionBackend):
             num_pages = -(-seq_len // block_size)
             pages = block_table[i, :num_pages].long()
             # [seq_len, kv_heads, head_dim]: the request's whole context, read from its pages.
-            keys = k_cache[pages].flatten(0, 1)[:seq_len]
-            values = v_cache[pages].flatten(0, 1)[:seq_len]
+            # an fp8 cache gathered as bytes, then widened
+            keys = raw(k_cache)[pages].view(k_cache.dtype).flatten(0, 1)[:seq_len].to(q.dtype)
+            values = raw(v_cache)[pages].view(v_cache.dtype).flatten(0, 1)[:seq_len].to(q.dtype)
             chunk = end - start
             # The chunk's tokens sit at positions seq_len - chunk .. seq_len - 1.
             query_pos = torch.arange(seq_len - chunk, seq_len, device=q.device)

@@ -32,6 +32,7 @@ from core.execution.attention.triton_extend import (
     extend_work_list,
 )
 from core.execution.attention.triton_kv_write import write_kv_paged
+from core.execution.kv_cache import FP8_KV_DTYPE
 
 # The Triton interpreter (CPU) runs programs one after another: a few "SMs" keep test launches small.
 INTERPRETER_NUM_SMS = 4
@@ -114,7 +115,7 @@ class TritonAttention(AttentionBackend):
         if decodes.any():
             longest = int(meta.seq_lens_cpu[decodes].max())
             splits = plan_splits(int(decodes.sum()), num_kv_heads, longest, self.num_sms,
-                                 decode_tiles(k_cache.dtype).block_n, self.min_split_tokens)
+                                 decode_tiles(q.dtype).block_n, self.min_split_tokens)
             if splits.num_splits > 1:
                 partial_out = torch.empty(num_reqs, num_q_heads, splits.num_splits, head_dim,
                                           dtype=torch.float32, device=q.device)
@@ -124,7 +125,7 @@ class TritonAttention(AttentionBackend):
         extends = query_lens >= 2
         if extends.any():
             longest_keys = int(meta.seq_lens_cpu[extends].max())
-            tiles = extend_tiles(k_cache.dtype, int(query_lens.max()), longest_keys)
+            tiles = extend_tiles(q.dtype, int(query_lens.max()), longest_keys)
             work_cpu = extend_work_list(meta.query_start_cpu, meta.seq_lens_cpu, tiles.block_m)
             if work_cpu.shape[1] > MAX_GRID_Y:
                 raise ValueError(f"step has {work_cpu.shape[1]} extend tiles of {tiles.block_m} queries; "
@@ -143,7 +144,7 @@ class TritonAttention(AttentionBackend):
         serves every mix of lengths up to meta.max_seq_len."""
         num_reqs, num_q_heads, head_dim = len(meta.seq_lens_cpu), q.shape[1], q.shape[2]
         sized = plan_splits(num_reqs, k_cache.shape[2], meta.max_seq_len, self.num_sms,
-                            decode_tiles(k_cache.dtype).block_n, self.min_split_tokens)
+                            decode_tiles(q.dtype).block_n, self.min_split_tokens)
         splits = DecodeSplits(sized.num_splits, 0)
         partial_out = partial_lse = None
         if splits.num_splits > 1:
@@ -165,5 +166,5 @@ def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
         raise ValueError(f"q has head_dim {head_dim}, the KV cache {k_cache.shape[3]}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    if q.dtype != k_cache.dtype:
-        raise ValueError(f"q is {q.dtype} but the KV cache is {k_cache.dtype}")
+    if k_cache.dtype not in (q.dtype, FP8_KV_DTYPE):
+        raise ValueError(f"q is {q.dtype} but the KV cache is {k_cache.dtype} (the model's dtype or fp8)")

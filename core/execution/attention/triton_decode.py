@@ -22,6 +22,7 @@ import triton.language as tl
 
 from core.execution.attention.triton_tiles import (
     SOFTMAX_MIN,
+    as_compute_dtype,
     dot_precision,
     load_kv_tile,
     next_power_of_2,
@@ -116,6 +117,7 @@ def _decode_split_kernel(
         tok_mask = toks < kv_end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, tok_mask, dims,
                             dim_mask, stride_cache_page, stride_cache_pos, BLOCK_SIZE)
+        k, v = as_compute_dtype(k, v, q)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e  # [BLOCK_H, BLOCK_N]
         scores = tl.where(tok_mask[None, :], scores, float("-inf"))
         acc, row_sum, row_max = softmax_step(acc, row_sum, row_max, scores, v, DOT_PRECISION)
@@ -184,7 +186,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_q_heads // num_kv_heads
-    tiles = tiles or decode_tiles(k_cache.dtype)
+    tiles = tiles or decode_tiles(q.dtype)
     direct = splits.num_splits == 1
     per_request = splits.split_tokens == 0
     block_d = max(16, next_power_of_2(head_dim))
@@ -196,7 +198,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
         GROUP=group, BLOCK_H=max(16, next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=tiles.block_n, DIRECT=direct,
-        DOT_PRECISION=dot_precision(k_cache.dtype), PER_REQUEST_SPLITS=per_request,
+        DOT_PRECISION=dot_precision(q.dtype), PER_REQUEST_SPLITS=per_request,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if direct:

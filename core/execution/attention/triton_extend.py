@@ -23,6 +23,7 @@ import triton.language as tl
 
 from core.execution.attention.triton_tiles import (
     SOFTMAX_MIN,
+    as_compute_dtype,
     dot_precision,
     load_kv_tile,
     next_power_of_2,
@@ -115,6 +116,7 @@ def _extend_kernel(
         toks = tok0 + tl.arange(0, BLOCK_N)
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, toks < kv_end, dims,
                             dim_mask, stride_cache_page, stride_cache_pos, BLOCK_SIZE)
+        k, v = as_compute_dtype(k, v, q)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e  # [BLOCK_M, BLOCK_N]
         acc, row_sum, row_max = softmax_step(acc, row_sum, row_max, scores, v, DOT_PRECISION)
     for tok0 in range(unmasked_end, kv_end, BLOCK_N):
@@ -122,6 +124,7 @@ def _extend_kernel(
         tok_mask = toks < kv_end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, tok_mask, dims,
                             dim_mask, stride_cache_page, stride_cache_pos, BLOCK_SIZE)
+        k, v = as_compute_dtype(k, v, q)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e
         visible = tok_mask[None, :] & (toks[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))
@@ -149,6 +152,6 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        DOT_PRECISION=dot_precision(k_cache.dtype),
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )

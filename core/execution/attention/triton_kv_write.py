@@ -12,6 +12,8 @@ import triton
 import triton.language as tl
 
 from core.execution.attention.triton_tiles import next_power_of_2
+from core.execution.kv_cache import FP8_KV_DTYPE, FP8_KV_MAX
+from core.execution.model.fp8_kernels import _round_to_e4m3
 
 
 @triton.jit
@@ -20,7 +22,7 @@ def _write_kv_kernel(
     stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
     stride_cache_page, stride_cache_pos, stride_cache_head,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, FP8_CACHE: tl.constexpr, FP8_MAX_: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(kv_index_ptr + tok)
@@ -34,6 +36,9 @@ def _write_kv_kernel(
     dst_offsets = dst + heads[:, None] * stride_cache_head + dims[None, :]  # [BLOCK_H, BLOCK_D]
     k = tl.load(k_ptr + tok * stride_k_tok + heads[:, None] * stride_k_head + dims[None, :], mask=mask)
     v = tl.load(v_ptr + tok * stride_v_tok + heads[:, None] * stride_v_head + dims[None, :], mask=mask)
+    if FP8_CACHE:  # saturate, then round to nearest e4m3 (the cast is then exact; see fp8_kernels)
+        k = _round_to_e4m3(tl.minimum(tl.maximum(k.to(tl.float32), -FP8_MAX_), FP8_MAX_))
+        v = _round_to_e4m3(tl.minimum(tl.maximum(v.to(tl.float32), -FP8_MAX_), FP8_MAX_))
     tl.store(k_cache_ptr + dst_offsets, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst_offsets, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -57,7 +62,7 @@ def write_kv_paged(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d,
-        BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_SIZE=k_cache.shape[1], FP8_CACHE=k_cache.dtype == FP8_KV_DTYPE, FP8_MAX_=FP8_KV_MAX,
         # One token's K and V for 8 heads x 128 dims is 2 x 2 KiB in bf16: 16-byte accesses on 4 warps.
         num_warps=4 if block_h * block_d >= 1024 else 1,
     )

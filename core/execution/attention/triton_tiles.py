@@ -43,6 +43,12 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, tok
 
 
 @triton.jit
+def as_compute_dtype(k, v, q):
+    """K and V tiles in q's dtype: an fp8 cache's values (scale 1) widened; otherwise no-ops."""
+    return k.to(q.dtype), v.to(q.dtype)
+
+
+@triton.jit
 def softmax_step(acc, row_sum, row_max, scores, v, DOT_PRECISION: tl.constexpr):
     """Fold one tile into the running softmax of every query row.
 
