@@ -190,3 +190,29 @@ def test_model_logits_through_triton_equal_reference_backend(dtype, tolerance):
         error = float((ours - theirs).abs().max() / theirs.abs().max())
         print(f"{dtype} step {step_id}: {len(rows)} sampled rows, relative logits error {error:.2e}")
         assert error < tolerance, f"{dtype} step {step_id}: relative logits error {error:.2e}"
+
+
+def test_attention_over_fp8_pages_in_bf16_equals_the_float32_reference_over_them(triton_attention):
+    """--kv-cache-dtype fp8: the step's prefix in fp8 pages, its new rows written by the kernel; the
+    float32 reference reads the same fp8 values, so only bf16's rounding separates them."""
+    from core.execution.kv_cache import FP8_KV_DTYPE, to_cache_dtype
+
+    rng = np.random.default_rng(11)
+    decodes = [(int(n) - 1, 1) for n in rng.integers(1, 4097, 32)]
+    requests = [(0, 300), (1536, 512), (30, 2), (700, 1), *decodes]
+    step = build_step(requests, 16, seed=11)
+    step = Step(step.q, step.k, step.v, to_cache_dtype(step.k_cache, FP8_KV_DTYPE),
+                to_cache_dtype(step.v_cache, FP8_KV_DTYPE), step.meta)
+    k_ref, v_ref = step.k_cache.clone(), step.v_cache.clone()
+    with exact_float32_sdpa(torch.float32):
+        expected = ReferenceAttention().forward(step.q.float(), step.k.float(), step.v.float(), k_ref, v_ref,
+                                                step.meta, SCALE)
+    k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+    out = triton_attention("cuda").forward(step.q, step.k, step.v, k_cache, v_cache, step.meta, SCALE)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    torch.testing.assert_close(k_cache.float(), k_ref.float(), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v_cache.float(), v_ref.float(), rtol=0, atol=0, equal_nan=True)
+    error = float((out.float() - expected).abs().max() / expected.abs().max())
+    print(f"fp8 pages, bf16 queries: worst relative error {error:.2e}")
+    assert error < TOLERANCE[torch.bfloat16]
