@@ -6,6 +6,7 @@
     python -m benchmarks.kernels --fp8 --out kernels_fp8.json      # and the FP8 GEMMs
     python -m benchmarks.kernels --fp8-only --out kernels_fp8.json
     python -m benchmarks.kernels --fp8-only --fp8-batches 1,8,64    # the decode sizes alone, quicker
+    python -m benchmarks.kernels --fp8-kv                           # and decode over fp8 KV pages
 
 Bytes are what the kernel must move at least: K/V of every context token read once, Q read and O
 written (the KV write: K/V rows read and written). Two times per row, both medians:
@@ -39,6 +40,7 @@ from core.execution.attention.triton_backend import TritonAttention
 from core.execution.attention.triton_decode import DecodeSplits, DecodeTiles, decode_attention, decode_tiles
 from core.execution.attention.triton_extend import ExtendTiles, extend_attention, extend_work_list
 from core.execution.attention.triton_kv_write import write_kv_paged
+from core.execution.kv_cache import FP8_KV_DTYPE, to_cache_dtype
 
 CEILING_TB_S = 4.3
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 40, 8, 128, 16
@@ -114,8 +116,14 @@ def build_step(requests: list[tuple[int, int]], seed: int = 0) -> Step:
 
 def attention_bytes(step: Step) -> int:
     itemsize = step.q.element_size()
-    kv = int(step.meta.seq_lens_cpu.sum()) * KV_HEADS * HEAD_DIM * itemsize * 2
+    kv = int(step.meta.seq_lens_cpu.sum()) * KV_HEADS * HEAD_DIM * step.k_cache.element_size() * 2
     return kv + 2 * step.q.numel() * itemsize  # + Q read + O written
+
+
+def with_fp8_pages(step: Step) -> Step:
+    """The step over an fp8 KV cache (--kv-cache-dtype fp8) holding its pages' values rounded."""
+    return Step(step.q, step.k, step.v, to_cache_dtype(step.k_cache, FP8_KV_DTYPE),
+                to_cache_dtype(step.v_cache, FP8_KV_DTYPE), step.meta)
 
 
 def causal_flops(step: Step) -> int:
@@ -264,6 +272,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time split counts and tile shapes")
     parser.add_argument("--fp8", action="store_true", help="also time the FP8 GEMMs against bf16")
     parser.add_argument("--fp8-only", action="store_true", help="time the FP8 GEMMs against bf16 only")
+    parser.add_argument("--fp8-kv", action="store_true",
+                        help="also time decode attention over fp8 KV pages (--kv-cache-dtype fp8)")
     parser.add_argument("--fp8-batches", default=",".join(map(str, BATCHES)),
                         help="the token counts M the FP8 GEMMs are timed at (default: %(default)s)")
     args = parser.parse_args()
@@ -278,6 +288,9 @@ def main() -> None:
         for batch in (1, 16, 64, 256):
             step = build_step([(CONTEXT - 1, 1)] * batch, seed=batch)
             rows.append(attention_row("decode", f"batch {batch} x {CONTEXT} ctx", step, backend))
+            if args.fp8_kv:
+                rows.append(attention_row("decode, fp8 KV", f"batch {batch} x {CONTEXT} ctx",
+                                          with_fp8_pages(step), backend))
             del step
         for case, requests in EXTEND_CASES:
             rows.append(attention_row("extend", case, build_step(requests), backend))
