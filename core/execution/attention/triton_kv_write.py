@@ -13,7 +13,7 @@ import triton.language as tl
 
 from core.execution.attention.triton_tiles import next_power_of_2
 from core.execution.kv_cache import FP8_KV_DTYPE, FP8_KV_MAX
-from core.execution.model.fp8_kernels import _round_to_e4m3
+from core.execution.model.fp8_kernels import round_to_e4m3
 
 
 @triton.jit
@@ -37,8 +37,8 @@ def _write_kv_kernel(
     k = tl.load(k_ptr + tok * stride_k_tok + heads[:, None] * stride_k_head + dims[None, :], mask=mask)
     v = tl.load(v_ptr + tok * stride_v_tok + heads[:, None] * stride_v_head + dims[None, :], mask=mask)
     if FP8_CACHE:  # saturate, then round to nearest e4m3 (the cast is then exact; see fp8_kernels)
-        k = _round_to_e4m3(tl.minimum(tl.maximum(k.to(tl.float32), -FP8_MAX_), FP8_MAX_))
-        v = _round_to_e4m3(tl.minimum(tl.maximum(v.to(tl.float32), -FP8_MAX_), FP8_MAX_))
+        k = round_to_e4m3(tl.minimum(tl.maximum(k.to(tl.float32), -FP8_MAX_), FP8_MAX_))
+        v = round_to_e4m3(tl.minimum(tl.maximum(v.to(tl.float32), -FP8_MAX_), FP8_MAX_))
     tl.store(k_cache_ptr + dst_offsets, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst_offsets, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 

@@ -13,7 +13,7 @@ sums are added in a fixed order (no atomics: the result does not depend on which
 first). The tiles per M are a first guess, to be tuned per shape with
 `python -m benchmarks.kernels --fp8-only --sweep`.
 
-The quantization rounds to e4m3 itself (`_round_to_e4m3`, round to nearest even) before the cast,
+The quantization rounds to e4m3 itself (`round_to_e4m3`, round to nearest even) before the cast,
 which then is exact: the GPU's conversion would round the same way, but the Triton interpreter's
 (triton 3.9) does not carry a rounding into the exponent (124.75 becomes 64, not 128), and the CPU
 tests run these kernels in the interpreter. Its divisions are IEEE (div_rn), as torch's are, so the
@@ -36,7 +36,7 @@ _ROUNDING_MAGIC = tl.constexpr(12582912.0)  # a constexpr: compiled kernels read
 
 
 @triton.jit
-def _round_to_e4m3(v):
+def round_to_e4m3(v):
     """v (float32, |v| <= 448) rounded to the nearest e4m3 value, ties to even."""
     bits = v.to(tl.int32, bitcast=True)
     # e4m3 has 3 mantissa bits: its spacing is 2**(exponent - 3), and 2**-9 below 2**-6 (subnormals).
@@ -52,7 +52,7 @@ def _quantize_rows(x, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_AMAX_)  # [R]
     scale = tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX_, tl.float32))
     scaled = tl.math.div_rn(x, scale[:, None])
-    return _round_to_e4m3(tl.minimum(tl.maximum(scaled, -FP8_MAX_), FP8_MAX_)), scale
+    return round_to_e4m3(tl.minimum(tl.maximum(scaled, -FP8_MAX_), FP8_MAX_)), scale
 
 
 # Step-varying integers (the token count and what follows from it) are not specialized on, so one
