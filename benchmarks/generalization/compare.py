@@ -11,8 +11,8 @@ Both runs ask for logprobs (the sampled token's and the top 2). The rule depends
   There the divergence is accepted only as a near-tie: in each run both tokens are among that
   run's top logprobs (100: workload.TOP_LOGPROBS), each within `tie_nats` (0.35) of that run's
   best. Another batch shape, chunk split or TP split picks other GEMM kernels, and over 40 layers
-  of random bf16 weights that
-  moves a sampled token's logprob by about 0.2 nats over prefixes where the two runs agree (the
+  of random bf16 weights that moves a sampled token's logprob by about 0.2 nats over prefixes where
+  the two runs agree (the
   largest `max_logprob_diff` of two H200 runs of the matrix: 0.157 and 0.219); the gap between two
   tokens moves by up to twice that, and 0.35 nats accepts the drifts seen without accepting any
   token from outside the top group. The dummy weights' distribution is flat (many tokens within one
