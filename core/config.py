@@ -1,6 +1,7 @@
 """Frozen, validated configuration of a Cadence deployment.
 
-ModelConfig describes the checkpoint (from a Hugging Face config.json or a built-in preset);
+ModelConfig describes the checkpoint (from a Hugging Face config.json or a built-in preset; its
+sampling defaults come from core/generation_defaults.py);
 ParallelConfig, CacheConfig and SchedulerConfig describe how it is served. Every check happens in
 `__post_init__`, and every error says what to change. `EngineConfig` ties them together and checks
 the combinations (tp must divide the heads, the vocabulary, ...).
@@ -13,6 +14,8 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from core.config_error import ConfigError
+from core.generation_defaults import QWEN3_GENERATION_DEFAULTS, GenerationDefaults, read_generation_config
 from core.quantization import (
     Fp8Config,
     QuantizationError,
@@ -25,27 +28,6 @@ from core.sampling_params import DEFAULT_MAX_LOGPROBS
 
 DTYPES = ("float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be served; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class GenerationDefaults:
-    """The checkpoint's generation_config.json: what a request that omits a field gets."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    eos_token_ids: tuple[int, ...] = ()
-
-
-QWEN3_GENERATION_DEFAULTS = GenerationDefaults(
-    temperature=0.6, top_p=0.95, top_k=20, eos_token_ids=(151645, 151643)
-)
 
 
 @dataclass(frozen=True)
@@ -188,7 +170,7 @@ class ModelConfig:
                 eos_token_id=eos[0] if isinstance(eos, list) else eos,
                 dtype=_dtype_from_hf(hf.get("torch_dtype") or hf.get("dtype")),
                 model_path=str(directory),
-                generation=_read_generation_config(directory, eos),
+                generation=read_generation_config(directory, eos),
                 model_type=model_type,
                 quantization=quantization,
                 quantization_config=quantization_config,
@@ -217,29 +199,6 @@ def _dtype_from_hf(value: str | None) -> str:
     if value in (None, "auto"):
         return "bfloat16"
     return str(value).removeprefix("torch.")
-
-
-def _read_generation_config(directory: Path, eos_from_config) -> GenerationDefaults:
-    eos = eos_from_config if isinstance(eos_from_config, list) else [eos_from_config]
-    path = directory / "generation_config.json"
-    if not path.is_file():
-        return GenerationDefaults(eos_token_ids=tuple(e for e in eos if e is not None))
-    try:
-        gen = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    gen_eos = gen.get("eos_token_id", eos)
-    gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
-    sample = gen.get("do_sample", False)
-    return GenerationDefaults(
-        # do_sample false in a generation config means greedy: temperature 0 in the API's terms.
-        temperature=float(gen.get("temperature", 1.0)) if sample else 0.0,
-        top_p=float(gen.get("top_p", 1.0)) if sample else 1.0,
-        top_k=int(gen.get("top_k", 0) or 0) if sample else 0,
-        min_p=float(gen.get("min_p", 0.0) or 0.0),
-        repetition_penalty=float(gen.get("repetition_penalty", 1.0)),
-        eos_token_ids=tuple(e for e in gen_eos if e is not None),
-    )
 
 
 PRESETS: dict[str, ModelConfig] = {
