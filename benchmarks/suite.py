@@ -31,8 +31,7 @@ Runs (the performance report's keys):
   c302_fp8_defaults
   c1_short(_fp8),      48 in / 64 out at concurrency 1, 64 prompts (TTFT bound by the host's launch of
   c1_short(_fp8)_graphs an eager step), in bf16 and FP8, and the same with --small-step-graphs
-  c1_fp8_kvfp8,        c1 and c302 in FP8 with an fp8 KV cache (--kv-cache-dtype fp8)
-  c302_fp8_kvfp8
+  c1_fp8_kvfp8, c302_fp8_kvfp8  c1 and c302 in FP8 with an fp8 KV cache (--kv-cache-dtype fp8)
 On several cards (benchmarks/lib/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them),
 one card per rank:
   tp2, tp4, tp8        c1 with --tp 2, 4, 8 (2, 4, 8 GPUs); tp2_c302: c302 with --tp 2 (2 GPUs)
@@ -106,9 +105,8 @@ class Run:
     load_flags: tuple[str, ...]
     num_prompts: int  # before --scale
     prompts_of: str = ""  # another run whose prompts (seed) this one repeats, for a like-for-like pair
-    # Whether this run means to find its prompts in the prefix cache (a run before it on the same
-    # server sent them). Otherwise a run repeating prompts that the running server has seen gets a
-    # fresh server: c1_fp8_defaults after c1_fp8 found 99.6 % of its prompt tokens cached.
+    # A run repeating prompts the running server has seen gets a fresh server unless it means to
+    # find them cached (c1_fp8_defaults after c1_fp8 had found 99.6 % of its prompt tokens cached).
     expects_cache_hits: bool = False
     one_card: bool = False  # the server sees only the first visible card (DP replicas sharing it)
 
