@@ -130,6 +130,18 @@ def test_with_small_step_graphs_the_runner_replays_the_rows_and_takes_the_sampli
     assert tokens[3] == 0 and len(tokens) == 4  # mid-prefill samples nothing
 
 
+def test_seeded_sampling_draws_the_eager_steps_tokens_through_the_rows():
+    runner, _ = graphed_runner()
+    eager = make_runner()
+    warm_caches(eager)
+    chunks = [Chunk([17], 20, [4, 5], temperature=0.6, seed=7),
+              Chunk(PROMPT[32:], 32, [0, 1, 2], temperature=0.6, seed=8, output_pos=3)]
+    plan = make_plan(chunks, BLOCK_SIZE, step_id=1)
+    assert runner.graphs is not None and not runner.graphs.can_run(plan)
+    tokens = runner.execute(plan).sampled_token_ids
+    assert runner.graphs.plans and tokens.tolist() == eager.execute(plan).sampled_token_ids.tolist()
+
+
 def test_placeholder_inputs_are_filled_into_their_token_rows():
     """Async scheduling: a decode's input is the token the previous step sampled at row prev_row."""
     runner, graphs = graphed_runner()
