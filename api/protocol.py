@@ -15,12 +15,13 @@ Choices of this server, where OpenAI and vLLM leave room:
   fields of their own (the SGLang gateway's `no_stop_trim`). With
   `strict_fields` (`--strict-request-fields`) they are refused (400, `param` = the field), so a typo
   never silently changes nothing. Bad values of known fields are refused either way. A few OpenAI
-  fields this server cannot honour are accepted only at their no-op value (`response_format` text,
-  ...).
+  fields this server cannot honour are accepted only at their no-op value (`suffix` "").
 * `tools` (function calling; api/tool_fields.py): offered to the model through the chat template,
   and the reply's calls come back as `tool_calls` with finish_reason "tool_calls". `tool_choice`
-  "auto" and "none" are honoured; "required" and a named function are refused (they need
-  constrained decoding).
+  "auto" and "none" are honoured, and so are "required" and a named function, by constrained
+  decoding.
+* `response_format` (`json_object`, `json_schema`) and vLLM's `guided_json` / `guided_choice`
+  constrain the output (api/structured_fields.py).
 * `echo` (completions) puts the prompt before each choice's text (a token-id prompt as the
   tokenizer process decodes it); with `logprobs` the choice's logprobs start with the prompt's
   tokens, the first one's logprob null, as in vLLM. `max_tokens` 0 is allowed with echo (scoring a
@@ -53,6 +54,7 @@ import orjson
 from api.body_fields import BodyFields, check_unknown, describe, is_int, is_token_id, require_noop
 from api.chat_messages import parse_continue_final_message, parse_messages, parse_template_kwargs
 from api.errors import ApiError, invalid
+from api.structured_fields import STRUCTURED_FIELDS, parse_structured_output
 from api.tool_fields import ToolSettings, parse_tool_fields
 from core.config import GenerationDefaults
 from core.sampling_params import DEFAULT_MAX_LOGPROBS, SAMPLING_COLUMNS, SamplingParams, SamplingParamsError
@@ -67,13 +69,13 @@ _KNOBS = tuple(c for c in SAMPLING_COLUMNS if c.name in SamplingParams.__datacla
 _COMMON_FIELDS = frozenset({
     "model", "max_tokens", "n", "stop", "stop_token_ids", "ignore_eos", "logprobs", "min_tokens", "user",
     "stream", "stream_options", "skip_special_tokens", "logit_bias", "include_stop_str_in_output",
-    "truncate_prompt_tokens", *(c.name for c in _KNOBS),
+    "truncate_prompt_tokens", *(c.name for c in _KNOBS), *STRUCTURED_FIELDS,
 })
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of", "prompt_logprobs"}
 CHAT_FIELDS = _COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
     "add_generation_prompt", "continue_final_message", "tools", "tool_choice", "parallel_tool_calls",
-    "response_format", "prompt_logprobs",
+    "prompt_logprobs",
 }
 
 
@@ -148,7 +150,8 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
     stream, include_usage, continuous_usage = _parse_stream(fields, "/v1/completions", strict_fields)
     skip_special = fields.bool("skip_special_tokens", True)
     params = _sampling_params(fields, model, 1 if echo_only else max_tokens, "max_tokens", logprobs,
-                              "logprobs", max(scored) if scored else None)
+                              "logprobs", max(scored) if scored else None,
+                              parse_structured_output(fields, reasoning=False))
     requests = []
     for p, prompt in enumerate(prompts):
         for i in range(n):
@@ -176,8 +179,8 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
     add_generation_prompt = fields.bool("add_generation_prompt", True)
     continue_final = parse_continue_final_message(fields, messages, add_generation_prompt)
     tool_settings = parse_tool_fields(fields)
-    require_noop(fields, "response_format", ({"type": "text"},), "only response_format {'type': 'text'} "
-                  "is supported")
+    structured_output = parse_structured_output(fields, reasoning=enable_thinking,
+                                                tools=tool_settings)
     want_logprobs = fields.bool("logprobs", False)
     top_logprobs = fields.int("top_logprobs", 0, model.max_logprobs)
     if top_logprobs and not want_logprobs:
@@ -197,7 +200,8 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
                       "completions (the response carries them once, beside its choices)")
     skip_special = fields.bool("skip_special_tokens", True)
     logprobs_field = "top_logprobs" if top_logprobs else "logprobs"
-    params = _sampling_params(fields, model, max_tokens, max_field, logprobs, logprobs_field, prompt_logprobs)
+    params = _sampling_params(fields, model, max_tokens, max_field, logprobs, logprobs_field, prompt_logprobs,
+                              structured_output)
     requests = tuple(
         GenerateRequest(
             request_id=f"{request_id}-{i}",
@@ -326,7 +330,7 @@ def _parse_stop_token_ids(fields: BodyFields) -> tuple[int, ...]:
 
 def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | None, max_field: str,
                      logprobs: int | None, logprobs_field: str,
-                     prompt_logprobs: int | None = None) -> SamplingParams:
+                     prompt_logprobs: int | None = None, structured_output: str = "") -> SamplingParams:
     """The request's SamplingParams (max_tokens None: up to the context); SamplingParams checks the
     ranges, errors keep the client's names."""
     defaults = model.defaults
@@ -343,6 +347,7 @@ def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | N
             logit_bias=_parse_logit_bias(fields),
             include_stop_str_in_output=fields.bool("include_stop_str_in_output", False),
             truncate_prompt_tokens=fields.int("truncate_prompt_tokens", None, None),
+            structured_output=structured_output,
         )
     except SamplingParamsError as e:
         param = {"max_tokens": max_field, "logprobs": logprobs_field}.get(e.field, e.field)

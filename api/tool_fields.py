@@ -8,9 +8,10 @@ each as one JSON line), and the reply's `<tool_call>` blocks come back as `tool_
 
 * "auto" (the default when tools are given): the model decides; its calls are parsed out;
 * "none": the tools are not offered and nothing is parsed, as if none were given;
-* "required" or a named function: refused (400). Forcing a call needs constrained decoding, which
-  this server does not have; a prompt alone cannot guarantee it, and a reply that ignored it would
-  break a client counting on it.
+* "required": the reply is one or more calls of the offered tools, and a named function
+  ({"type": "function", "function": {"name": ...}}): calls of that one. Both are enforced by
+  constrained decoding (api/structured_fields.py): the model can write nothing else. With
+  `parallel_tool_calls` false, one call.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ MAX_TOOLS = 128
 class ToolSettings:
     tools: list[dict[str, Any]] | None  # offered to the model; None: no tools in the prompt
     parallel: bool  # parallel_tool_calls: False keeps the reply's first call only
+    forced: str | None = None  # tool_choice "required" or the forced function's name; None: the model decides
 
     @property
     def parse_calls(self) -> bool:
@@ -38,19 +40,24 @@ def parse_tool_fields(fields: BodyFields) -> ToolSettings:
     """The request's tool settings, or ApiError naming the first bad field."""
     tools = _parse_tools(fields.get("tools"))
     choice = fields.get("tool_choice")
+    forced = None
     if choice is not None and choice not in ("auto", "none"):
         function = choice.get("function") if isinstance(choice, dict) else None
-        forced = function.get("name") if isinstance(function, dict) else None
-        what = f"the function {forced!r}" if isinstance(forced, str) else describe(choice)
-        if choice == "required" or isinstance(forced, str):
-            raise invalid("tool_choice", f"tool_choice {what} would force a call, which needs constrained "
-                          "decoding that this server does not have; use 'auto' (the model decides) or 'none'")
-        raise invalid("tool_choice", f"'tool_choice' must be 'auto', 'none', 'required' or "
-                      f"{{'type': 'function', 'function': {{'name': ...}}}}; got {what}")
+        name = function.get("name") if isinstance(function, dict) else None
+        if choice != "required" and not isinstance(name, str):
+            raise invalid("tool_choice", f"'tool_choice' must be 'auto', 'none', 'required' or "
+                          f"{{'type': 'function', 'function': {{'name': ...}}}}; got {describe(choice)}")
+        forced = "required" if choice == "required" else name
+        if not tools:
+            raise invalid("tool_choice",
+                          f"tool_choice {forced!r} forces a call, but the request offers no tools")
+        if forced != "required" and all(tool["function"]["name"] != forced for tool in tools):
+            raise invalid("tool_choice", f"tool_choice names the function {forced!r}, which is not among "
+                          f"the tools: {', '.join(tool['function']['name'] for tool in tools)}")
     parallel = fields.bool("parallel_tool_calls", True)
     if choice == "none" or not tools:
         return ToolSettings(None, parallel)
-    return ToolSettings(tools, parallel)
+    return ToolSettings(tools, parallel, forced)
 
 
 def _parse_tools(value: Any) -> list[dict[str, Any]] | None:

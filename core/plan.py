@@ -20,18 +20,19 @@ import numpy as np
 from core.sampling_params import DEFAULT_SAMPLING_ROW, SAMPLING_DTYPE
 
 # An array's length: B requests, B+1 (prefix sums), BW (B rows of W pages), T tokens, H history ids,
-# L logit-bias entries.
-DIMS = ("B", "B+1", "BW", "T", "H", "L")
+# L logit-bias entries, G bytes of structured-output specs.
+DIMS = ("B", "B+1", "BW", "T", "H", "L", "G")
 
 
 def column(dtype, dim: str, neutral=None):
     """A StepPlan array field of `dtype` and length `dim` (one of DIMS). With a `neutral` value the
-    field may be left out: a B or B+1 field is then filled with it, an H or L field is empty."""
+    field may be left out: a B or B+1 field is then filled with it, an H, L or G field is empty."""
     assert dim in DIMS, dim
     metadata = {"dtype": np.dtype(dtype), "dim": dim, "neutral": neutral}
     if neutral is None:
         return field(metadata=metadata)
-    assert dim in ("B", "B+1", "H", "L"), f"a {dim} field has no length to fill without the plan's tokens"
+    assert dim in ("B", "B+1", "H", "L", "G"), \
+        f"a {dim} field has no length to fill without the plan's tokens"
     return field(metadata=metadata, default=None)
 
 
@@ -47,7 +48,8 @@ class StepPlan:
     # sampling settings, one record per request: the columns of core/sampling_params.py's table
     sampling: np.ndarray = column(SAMPLING_DTYPE, "B", neutral=DEFAULT_SAMPLING_ROW)
     output_pos: np.ndarray = column(np.int32, "B", neutral=0)  # tokens generated so far: noise index
-    # token history for penalties, only for requests that have one (ragged: prompt then output)
+    # token history for penalties and structured outputs, only for requests that have one (ragged:
+    # prompt then output)
     history_start: np.ndarray = column(np.int32, "B+1", neutral=0)
     history_prompt_len: np.ndarray = column(np.int32, "B", neutral=0)  # how many history ids are prompt
     history_ids: np.ndarray = column(np.int32, "H", neutral=0)
@@ -56,6 +58,11 @@ class StepPlan:
     bias_start: np.ndarray = column(np.int32, "B+1", neutral=0)
     bias_ids: np.ndarray = column(np.int32, "L", neutral=0)
     bias_values: np.ndarray = column(np.float32, "L", neutral=0)
+    # structured outputs, only for requests that sample with one: request r's spec (the UTF-8 JSON of
+    # core/structured/grammar.py) is grammar_spec[grammar_start[r]:grammar_start[r + 1]]; its output
+    # so far is the output part of its history, which such a request always carries
+    grammar_start: np.ndarray = column(np.int32, "B+1", neutral=0)
+    grammar_spec: np.ndarray = column(np.uint8, "G", neutral=0)
     # --- per token (T) --------------------------------------------------------------------------
     input_ids: np.ndarray = column(np.int32, "T")
     positions: np.ndarray = column(np.int32, "T")  # absolute position in the sequence
@@ -72,7 +79,7 @@ class StepPlan:
     next_prompt_id: np.ndarray = column(np.int32, "B", neutral=-1)
 
     def __post_init__(self) -> None:
-        lengths = {"B": len(self.seq_lens), "B+1": len(self.seq_lens) + 1, "H": 0, "L": 0}
+        lengths = {"B": len(self.seq_lens), "B+1": len(self.seq_lens) + 1, "H": 0, "L": 0, "G": 0}
         for name, dtype, dim, neutral in _NEUTRAL_FIELDS:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(lengths[dim], neutral, dtype))

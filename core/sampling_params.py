@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from core.structured.grammar import GrammarError, compile_spec
+
 # The most top logprobs a request may ask for unless the server allows more (`--max-logprobs`, as
 # vLLM's; OpenAI's chat API allows 20). The engine's own limit is SchedulerConfig.max_logprobs.
 DEFAULT_MAX_LOGPROBS = 20
@@ -55,6 +57,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text stays in it
     # vLLM's: keep only the prompt's last N tokens (left truncation); -1 = the last max_model_len - 1
     truncate_prompt_tokens: int | None = None
+    # What the output must be (JSON mode, a JSON schema, tool calls): the spec string of
+    # core/structured/grammar.py, "" for free text. The API builds it from response_format and
+    # tool_choice; core/structured/specs.py builds it for native clients.
+    structured_output: str = ""
 
     def __post_init__(self) -> None:
         def fail(field: str, message: str) -> None:
@@ -101,6 +107,11 @@ class SamplingParams:
                 fail("logit_bias", f"the bias of token {token_id} must be in [-100, 100], got {bias}")
         if len({token_id for token_id, _ in self.logit_bias}) != len(self.logit_bias):
             fail("logit_bias", "a token id is given twice")
+        if self.structured_output:
+            try:
+                compile_spec(self.structured_output)
+            except GrammarError as e:
+                fail("structured_output", str(e))
 
     @property
     def is_greedy(self) -> bool:
@@ -110,6 +121,12 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the sampler reads the request's tokens so far (penalties, structured outputs), so
+        every step it samples in carries them, all known."""
+        return self.has_penalties or bool(self.structured_output)
 
 
 class SamplingColumn(NamedTuple):

@@ -42,6 +42,9 @@ class ExecutorSpec:
     kv_memory_share: float  # fraction of the card this executor may plan with (cards shared by replicas)
     spin_s: float = 0.0  # how long to watch the ring for the next step before blocking on the doorbell
     dist_timeout_s: float = 120.0
+    # Where rank 0 loads the tokenizer's tokens for structured outputs (None: the model directory or
+    # the built-in vocabulary, as the tokenizer process does)
+    tokenizer_path: str | None = None
 
 
 @message

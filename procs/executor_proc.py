@@ -83,7 +83,23 @@ def _build_runner(spec: ExecutorSpec):
             tp = init_tp_group(spec.rank, tp_size, spec.dist_init_method, spec.dist_backend, spec.device,
                                timeout_s=spec.dist_timeout_s, custom_all_reduce_bytes=custom_all_reduce_bytes)
     config = dataclasses.replace(spec.config, device=spec.device)
-    return ModelRunner(config, tp=tp, show_progress=spec.rank == 0, memory_share=spec.kv_memory_share)
+    return ModelRunner(config, tp=tp, show_progress=spec.rank == 0, memory_share=spec.kv_memory_share,
+                       load_vocabulary=_vocabulary_loader(spec.tokenizer_path, config.model.vocab_size))
+
+
+def _vocabulary_loader(tokenizer_path: str | None, width: int):
+    """What rank 0 calls on the first structured output: the tokenizer's tokens (the sampling rank
+    is the only one that masks)."""
+    def load():
+        from core.structured.token_masks import Vocabulary
+        from core.tokenizer import load_tokenizer
+
+        started = time.perf_counter()
+        vocabulary = Vocabulary.of_tokenizer(load_tokenizer(tokenizer_path), width)
+        logging.getLogger(__name__).info("structured outputs: the vocabulary's %d tokens indexed in %.1f s",
+                                         len(vocabulary.sorted_bytes), time.perf_counter() - started)
+        return vocabulary
+    return load
 
 
 # An executor of a TP replica whose step raised exits with this code (see Executor.step_failed).

@@ -218,7 +218,8 @@ class Launcher:
             ExecutorSpec(config, replica, rank, device, eps.doorbell(replica), eps.results,
                          ring_name(self.run_id, replica), init_method, "nccl" if distinct_cards else "gloo",
                          kv_memory_share=1.0 / devices.count(device), spin_s=_spin_s(config),
-                         dist_timeout_s=self.options.dist_timeout_s)
+                         dist_timeout_s=self.options.dist_timeout_s,
+                         tokenizer_path=self.options.tokenizer_path or config.model.model_path)
             for rank, device in enumerate(mine)
         ]
 

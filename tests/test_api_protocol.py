@@ -148,8 +148,8 @@ MALFORMED = [
     ("chat", {**CHAT, "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "logit_bias",
      "at most 1024 tokens"),
     ("chat", {**CHAT, "tools": [{"type": "function"}]}, 400, "tools[0].function", "must be an object"),
-    ("chat", {**CHAT, "tool_choice": "required"}, 400, "tool_choice", "constrained decoding"),
-    ("chat", {**CHAT, "response_format": {"type": "json_object"}}, 400, "response_format", "'text'"),
+    ("chat", {**CHAT, "tool_choice": "required"}, 400, "tool_choice", "offers no tools"),
+    ("chat", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format", "'json_schema'"),
 ]
 
 

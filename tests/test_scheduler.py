@@ -759,6 +759,31 @@ def test_async_penalized_requests_wait_for_their_token():
         assert (plan.prev_row[penalized_rows] == -1).all()
 
 
+def test_async_structured_requests_wait_for_their_token_and_carry_spec_and_output():
+    from core.structured.specs import choice_spec
+
+    spec = choice_spec(["yes", "no"])
+    scheduler, runner = make_scheduler(steps_in_flight=2)
+    plain = add(scheduler, "plain", prompt(1, 5), max_tokens=6, ignore_eos=True)
+    structured = add(scheduler, "json", prompt(2, 5), max_tokens=6, ignore_eos=True, structured_output=spec)
+    driver = AsyncDriver(scheduler, runner)
+    outcome = driver.drive()
+    assert outcome.tokens["plain"] == expected(scheduler, plain)
+    assert outcome.tokens["json"] == expected(scheduler, structured)
+    seen = 0
+    for plan in driver.plans:
+        rows = np.flatnonzero(np.diff(plan.grammar_start))
+        assert (plan.prev_row[rows] == -1).all()  # never from a placeholder
+        for row in rows.tolist():
+            assert plan.logits_index[row] >= 0  # only where it samples
+            carried = plan.grammar_spec[plan.grammar_start[row] : plan.grammar_start[row + 1]]
+            assert carried.tobytes() == spec.encode()
+            history = plan.history_ids[plan.history_start[row] : plan.history_start[row + 1]]
+            assert history[: plan.history_prompt_len[row]].tolist() == prompt(2, 5)
+            seen += 1
+    assert seen == 6
+
+
 def test_async_allows_two_steps_in_flight_and_no_more():
     scheduler, runner = make_scheduler(steps_in_flight=2)
     add(scheduler, "r", [1, 2, 3], max_tokens=10, ignore_eos=True)

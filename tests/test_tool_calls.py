@@ -145,9 +145,9 @@ def test_tools_travel_to_the_tokenizer_and_choice_none_takes_them_away():
 
 
 @pytest.mark.parametrize("fields, param, words", [
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "constrained decoding"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-     "tool_choice", "'get_weather'"),
+    ({"tool_choice": "required"}, "tool_choice", "offers no tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "tool_choice", "'get_time', which is not among the tools: get_weather"),
     ({"tool_choice": "sometimes"}, "tool_choice", "must be"),
     ({"tool_choice": {"type": "function", "function": "get_weather"}}, "tool_choice", "must be"),
     ({"tools": {"a": 1}}, "tools", "array"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,9 +35,11 @@ from core.execution.prompt_logprobs import PromptScores, prompt_targets, score_p
 from core.execution.registry import registered_class
 from core.execution.sampler import Sampler, SamplingTensors
 from core.execution.startup_phases import StartupPhases
+from core.execution.structured_rows import StructuredRows
 from core.execution.token_rows import TOKEN_ROWS_MAX_EXTRA_KV_READS, as_token_rows, extra_kv_reads
 from core.plan import StepPlan, StepResult
 from core.registry import MODEL_TYPES
+from core.structured.token_masks import Vocabulary
 
 # Without a GPU to profile, a CPU replica gives its KV cache this much memory unless told otherwise.
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -89,7 +92,9 @@ class LaunchedStep:
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None, num_pages: int | None = None,
                  backend: AttentionBackend | None = None, show_progress: bool = True,
-                 memory_share: float = 1.0) -> None:
+                 memory_share: float = 1.0, load_vocabulary: Callable[[], Vocabulary] | None = None) -> None:
+        """`load_vocabulary`: the tokenizer's tokens, for structured outputs (loaded on first use;
+        without it a plan that asks for one fails its step)."""
         self.config = config
         self.tp = tp = tp or TPGroup()
         self.device = torch.device(config.device)
@@ -99,6 +104,7 @@ class ModelRunner:
         with self.phases.phase("loading weights"):
             self.model = build_model(config, tp, show_progress=show_progress)
         self.sampler = Sampler()
+        self.structured = StructuredRows(load_vocabulary or _no_vocabulary)
         # The fraction of the card this runner may plan with: 1/N when N executors share one card.
         self.memory_share = memory_share
         self.num_pages = num_pages or config.cache.num_pages or self._num_pages_that_fit()
@@ -225,8 +231,10 @@ class ModelRunner:
                 tokens = torch.empty(len(rows), dtype=torch.long, device=self.device)
                 self._prev_tokens[to_device(rows, self.device)] = self.tp.broadcast_from_first(tokens)
         elif len(rows):
-            st = SamplingTensors.from_plan(plan, rows, self.device)
-            drawn = self.graphs.sample(st) if self._graphed(plan) and self.graphs.can_sample(st) else None
+            allowed = self.structured.masks(plan, rows) if len(plan.grammar_spec) else None
+            st = SamplingTensors.from_plan(plan, rows, self.device, allowed)
+            drawn = (self.graphs.sample(st) if allowed is None and self._graphed(plan)
+                     and self.graphs.can_sample(st) else None)
             out = self.sampler(logits, st, drawn=drawn)
             tokens = out.token_ids.long()
             if self.shares_samples:
@@ -326,6 +334,10 @@ class ModelRunner:
             return None, rows, prompt
         logits_index = to_device(plan.logits_index[rows], device).long()
         return self.model.compute_logits(hidden[logits_index]), rows, prompt  # [N, vocab] on rank 0
+
+
+def _no_vocabulary() -> Vocabulary:
+    raise RuntimeError("a request asks for a structured output, but this runner was given no vocabulary")
 
 
 def _scatter(values: torch.Tensor, rows: np.ndarray, num_reqs: int) -> np.ndarray:

@@ -8,8 +8,9 @@ stages.
 
 Per row, in this order:
   1. logprobs of the raw model distribution (log_softmax of the logits as given), as vLLM reports;
-  2. penalties: repetition (HF-style, prompt + output tokens), presence and frequency (OpenAI-style,
-     output tokens only);
+  2. logit bias, penalties: repetition (HF-style, prompt + output tokens), presence and frequency
+     (OpenAI-style, output tokens only), then a structured output's mask (the tokens its grammar
+     does not allow next get -inf; core/execution/structured_rows.py computes the masks);
   3. temperature 0 -> argmax (ties go to the lowest id); otherwise min_p, top_k and top_p filter the
      tempered distribution and a seeded exponential race draws from what they keep: the top-k path
      for rows with a top_k, the full-row path for the others (core/execution/sampling_paths.py defines both;
@@ -103,6 +104,9 @@ class SamplingTensors:
     max_num_logprobs: int  # -1 when no row wants logprobs (or N = 0)
     max_history_id: int  # -1 when the flattened history is empty
     max_bias_id: int = -1  # -1 when no row has a logit bias
+    # Structured outputs: the rows that sample with one and, per such row, the tokens it may draw.
+    masked_rows: torch.Tensor | None = None  # int64 [M]  row in 0..N-1
+    allowed: torch.Tensor | None = None  # bool [M, V]
 
     @property
     def any_bias(self) -> bool:
@@ -134,8 +138,10 @@ class SamplingTensors:
         return DrawSettings(self.temperature, self.top_k, self.top_p, self.min_p, self.keys)
 
     @classmethod
-    def from_plan(cls, plan: StepPlan, rows: np.ndarray, device: torch.device | str) -> SamplingTensors:
-        """Settings of the plan's requests `rows` (usually `plan.sampled_rows`), in that order."""
+    def from_plan(cls, plan: StepPlan, rows: np.ndarray, device: torch.device | str,
+                  allowed: tuple[np.ndarray, np.ndarray] | None = None) -> SamplingTensors:
+        """Settings of the plan's requests `rows` (usually `plan.sampled_rows`), in that order;
+        `allowed`: (positions in `rows`, bool [M, V] masks) of the rows with a structured output."""
         rows = np.asarray(rows, dtype=np.int64)
         device = torch.device(device)
         settings = np.take(plan.sampling, rows)  # [N] records: one gather for every column
@@ -192,6 +198,8 @@ class SamplingTensors:
             max_num_logprobs=int(num_logprobs.max()) if len(rows) else -1,
             max_history_id=int(history_ids.max()) if len(history_ids) else -1,
             max_bias_id=int(bias_ids.max()) if len(bias_ids) else -1,
+            masked_rows=None if allowed is None else put(allowed[0], torch.int64),
+            allowed=None if allowed is None else to_device(allowed[1], device),
         )
 
 
@@ -252,6 +260,12 @@ class Sampler:
                 logits = logits.index_put((st.bias_rows, st.bias_ids), st.bias_values, accumulate=True)
             if st.any_penalties:
                 logits = apply_penalties(logits, st)
+            if st.allowed is not None:
+                if st.allowed.shape[1] != vocab_size:
+                    raise ValueError(f"structured-output masks cover {st.allowed.shape[1]} tokens, the "
+                                     f"logits {vocab_size}")
+                masked = logits[st.masked_rows].masked_fill(~st.allowed, float("-inf"))
+                logits = logits.index_put((st.masked_rows,), masked)
             drawn = sample_tokens(logits, st)
         token_ids = drawn.to(torch.int32)
         return _gather_logprobs(raw_logprobs, token_ids, st.max_num_logprobs)

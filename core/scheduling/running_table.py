@@ -42,18 +42,21 @@ class RunningTable:
         self._free = list(range(num_rows - 1, -1, -1))  # pop() hands out row 0 first
         self.block_table = np.zeros((num_rows, max_pages_per_request), np.int32)  # 0 = padding
         self.sampling = np.zeros(num_rows, SAMPLING_DTYPE)  # one record of settings per row
-        self.has_penalties = np.zeros(num_rows, bool)
+        self.needs_history = np.zeros(num_rows, bool)  # penalties or a structured output
         self.num_scoring_prompts = 0  # running requests that asked for prompt logprobs
         self.logit_bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (ids, biases), if any
+        self.structured: dict[int, np.ndarray] = {}  # row -> its structured-output spec (UTF-8), if any
 
     def assign(self, request: Request) -> None:
         row = request.row = self._free.pop()
         self.sampling[row] = sampling_row(request.sampling_params, request.seed)
-        self.has_penalties[row] = request.sampling_params.has_penalties
+        self.needs_history[row] = request.sampling_params.needs_history
         self.num_scoring_prompts += request.prompt_scores is not None
         if request.sampling_params.logit_bias:
             ids, biases = zip(*request.sampling_params.logit_bias, strict=True)
             self.logit_bias[row] = (np.array(ids, np.int32), np.array(biases, np.float32))
+        if request.sampling_params.structured_output:
+            self.structured[row] = np.frombuffer(request.sampling_params.structured_output.encode(), np.uint8)
 
     def add_pages(self, request: Request, pages: list[int]) -> None:
         start = len(request.pages)
@@ -70,6 +73,7 @@ class RunningTable:
         self._free.append(request.row)
         self.num_scoring_prompts -= request.prompt_scores is not None
         self.logit_bias.pop(request.row, None)
+        self.structured.pop(request.row, None)
         request.row = None
 
     # --- the plan gathered from the table_rows ----------------------------------------------------------
@@ -108,6 +112,7 @@ class RunningTable:
             input_ids=input_ids, positions=positions, kv_index=kv_index, prev_row=prev_row, **history,
             **(prompt_columns(scheduled, seq_lens) if self.num_scoring_prompts else {}),
             **(self._logit_bias(table_rows, logits_index >= 0) if self.logit_bias else {}),
+            **(self._structured(table_rows, logits_index >= 0) if self.structured else {}),
         )
 
     def _logit_bias(self, table_rows: np.ndarray, sampling: np.ndarray) -> dict[str, np.ndarray]:
@@ -126,11 +131,26 @@ class RunningTable:
                 "bias_ids": np.concatenate(ids) if ids else np.zeros(0, np.int32),
                 "bias_values": np.concatenate(biases) if biases else np.zeros(0, np.float32)}
 
+    def _structured(self, table_rows: np.ndarray, sampling: np.ndarray) -> dict[str, np.ndarray]:
+        """The structured-output specs of the requests that sample this step with one."""
+        lengths = np.zeros(len(table_rows), np.int32)
+        specs = []
+        for index in np.flatnonzero(sampling).tolist():
+            spec = self.structured.get(int(table_rows[index]))
+            if spec is not None:
+                lengths[index] = len(spec)
+                specs.append(spec)
+        grammar_start = np.zeros(len(table_rows) + 1, np.int32)
+        np.cumsum(lengths, out=grammar_start[1:])
+        return {"grammar_start": grammar_start,
+                "grammar_spec": np.concatenate(specs) if specs else np.zeros(0, np.uint8)}
+
     def _penalty_history(self, scheduled: list[ScheduledChunk], table_rows: np.ndarray,
                          num_tokens: np.ndarray, prompt_len: np.ndarray,
                          sampling: np.ndarray) -> dict[str, np.ndarray]:
-        """Prompt + output ids of the requests that sample with penalties; empty ranges for the others."""
-        rows = np.flatnonzero(self.has_penalties[table_rows] & sampling)
+        """Prompt + output ids of the requests that sample with penalties or a structured output; empty
+        ranges for the others."""
+        rows = np.flatnonzero(self.needs_history[table_rows] & sampling)
         lengths = np.zeros(len(scheduled), np.int32)
         lengths[rows] = num_tokens[rows]
         history_start = np.zeros(len(scheduled) + 1, np.int32)

@@ -1,0 +1,115 @@
+"""The fields of a request that constrain its output's form, turned into one structured-output spec.
+
+OpenAI's `response_format` (`text`; `json_object`: any JSON object; `json_schema`: a value its
+`json_schema.schema` accepts), a forced `tool_choice` ("required": one or more calls of the offered
+tools; a named function: calls of that one; with `parallel_tool_calls` false at most one call) and
+vLLM's `guided_json` / `guided_choice` (and their newer `structured_outputs.json` / `.choice`) all
+become a spec of core/structured/specs.py that SamplingParams carries to the sampler, which masks
+every token the output's grammar does not allow next (core/structured/token_masks.py). In a chat
+with thinking on, the output may begin with a `<think>` block, the form applying after it.
+
+A request gives at most one of them. Schemas the grammar cannot enforce, regular expressions and
+grammars are refused with a 400 naming the field and the keyword, never served unconstrained.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from api.body_fields import BodyFields, describe
+from api.errors import invalid
+from api.tool_fields import MAX_TOOLS, ToolSettings
+from core.structured.grammar import GrammarError, compile_spec
+from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, tool_calls_spec
+
+STRUCTURED_FIELDS = frozenset({"response_format", "guided_json", "guided_choice", "guided_regex",
+                               "guided_grammar", "structured_outputs"})
+_UNSUPPORTED = {"guided_regex": "regular expressions", "guided_grammar": "grammars"}
+
+
+def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSettings | None = None) -> str:
+    """The spec the request's output must follow, "" for free text; ApiError names a bad field."""
+    specs: list[tuple[str, str]] = []  # (field, spec)
+    response_format = fields.get("response_format")
+    if response_format is not None:
+        spec = _response_format(response_format, reasoning)
+        if spec:
+            specs.append(("response_format", spec))
+    for name, why in _UNSUPPORTED.items():
+        if fields.get(name) is not None:
+            raise invalid(name, f"'{name}' is not supported: this server constrains outputs to JSON schemas "
+                          "and choices, not to " + why)
+    guided = {"json": fields.get("guided_json"), "choice": fields.get("guided_choice")}
+    outputs = fields.get("structured_outputs")
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            raise invalid("structured_outputs",
+                          f"'structured_outputs' must be an object, got {describe(outputs)}")
+        unknown = sorted(k for k, v in outputs.items() if v is not None and k not in ("json", "choice"))
+        if unknown:
+            raise invalid("structured_outputs", f"structured_outputs.{unknown[0]} is not supported: this "
+                          "server constrains outputs to JSON schemas ('json') and choices ('choice')")
+        guided = {k: outputs.get(k) if outputs.get(k) is not None else v for k, v in guided.items()}
+        names = {"json": "structured_outputs.json", "choice": "structured_outputs.choice"}
+    else:
+        names = {"json": "guided_json", "choice": "guided_choice"}
+    if guided["json"] is not None:
+        specs.append((names["json"], json_schema_spec(_schema(guided["json"], names["json"]), reasoning)))
+    if guided["choice"] is not None:
+        choices = guided["choice"]
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+            raise invalid(names["choice"], f"'{names['choice']}' must be a non-empty array of non-empty "
+                          f"strings, got {describe(choices)}")
+        specs.append((names["choice"], choice_spec(choices, reasoning)))
+    if tools is not None and tools.forced is not None:
+        specs.append(("tool_choice", _tool_spec(tools, reasoning)))
+    if len(specs) > 1:
+        raise invalid(specs[1][0], f"'{specs[0][0]}' and '{specs[1][0]}' both constrain the output; give one")
+    if not specs:
+        return ""
+    field, spec = specs[0]
+    try:
+        compile_spec(spec)
+    except GrammarError as e:
+        raise invalid(field, f"'{field}' cannot be enforced: {e}") from None
+    return spec
+
+
+def _response_format(value: Any, reasoning: bool) -> str:
+    if not isinstance(value, dict):
+        raise invalid("response_format", f"'response_format' must be an object, got {describe(value)}")
+    kind = value.get("type")
+    if kind == "text":
+        return ""
+    if kind == "json_object":
+        return json_object_spec(reasoning)
+    if kind == "json_schema":
+        described = value.get("json_schema")
+        if not isinstance(described, dict):
+            raise invalid("response_format", "response_format json_schema needs 'json_schema': "
+                          "{'name': ..., 'schema': {...}}")
+        schema = described.get("schema", {})
+        return json_schema_spec(_schema(schema, "response_format.json_schema.schema"), reasoning)
+    raise invalid("response_format", f"response_format type must be 'text', 'json_object' or "
+                  f"'json_schema', got {describe(kind)}")
+
+
+def _schema(value: Any, field: str) -> dict[str, Any]:
+    """A JSON schema given as an object or as its JSON text."""
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError as e:
+            raise invalid(field, f"'{field}' is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise invalid(field, f"'{field}' must be a JSON schema (an object), got {describe(value)}")
+    return value
+
+
+def _tool_spec(tools: ToolSettings, reasoning: bool) -> str:
+    offered = [tool["function"] for tool in tools.tools or ()]
+    if tools.forced != "required":
+        offered = [function for function in offered if function["name"] == tools.forced]
+    return tool_calls_spec(offered, max_calls=MAX_TOOLS if tools.parallel else 1, reasoning=reasoning)

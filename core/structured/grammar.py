@@ -1,0 +1,271 @@
+"""Grammar: what a structured output must be, compiled from its spec into automaton nodes.
+
+A spec is a small JSON object, carried as a canonical string in SamplingParams.structured_output
+from the API to the executor, which compiles it again (cached by the string):
+
+  {"type": "json_object"}                          any JSON object (OpenAI's JSON mode)
+  {"type": "json_schema", "schema": {...}}         a value that the JSON schema accepts
+  {"type": "choice", "choices": ["yes", "no"]}      exactly one of the strings, as plain text
+  {"type": "tool_calls", "tools": [{"name": ..., "parameters": {...}}], "max_calls": N}
+        1..N Qwen3 tool-call blocks, `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
+        each naming one of the tools and giving arguments its parameters accept
+
+and, in any of them, "reasoning": true lets the output begin with a `<think>...</think>\n\n` block
+of free text (a Qwen3 chat with thinking on), the structure applying after it.
+
+The schema subset (what `compile_spec` accepts; anything else is refused with the keyword and its
+place named, never silently dropped): `type` (one or a list), `properties` (generated in the
+schema's order; keys outside them are not generated), `required`, `additionalProperties` (used
+when there are no properties), `items`, `minItems`, `maxItems`, `minLength`, `maxLength`, `enum`,
+`const`, `anyOf`, `oneOf` (generated as anyOf: a value may match two alternatives), a one-element
+`allOf`, and local `$ref`s into `$defs` or `definitions` (recursive ones too). Annotations
+(`title`, `description`, `default`, `examples`, ...) are ignored, and so is `format`, which is not
+enforced.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from core.structured.automaton import (
+    CALLS,
+    LITERAL,
+    N_ANY_OF,
+    N_ARRAY,
+    N_LITERAL,
+    N_NUMBER,
+    N_OBJECT,
+    N_STRING,
+    TEXT,
+    VALUE,
+    Automaton,
+    Node,
+    State,
+)
+
+# Keywords that say nothing about which values are valid, or that are not enforced (`format`).
+_IGNORED = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
+                      "deprecated", "readOnly", "writeOnly", "format", "$defs", "definitions", "strict",
+                      "nullable"})
+_KNOWN = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems",
+                    "maxItems", "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf",
+                    "$ref"}) | _IGNORED
+_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+MAX_SPEC_BYTES = 1 << 20  # a spec travels in every step plan of its request
+THINK_OPEN, THINK_CLOSE = b"<think>", b"</think>\n\n"  # as Qwen3 writes its reasoning
+
+
+class GrammarError(ValueError):
+    """A spec this server cannot enforce; the message names the keyword and where it is."""
+
+
+def _dumps(value: object) -> bytes:
+    """The one way a literal value is written: JSON as Qwen writes it (", " and ": ")."""
+    return json.dumps(value, ensure_ascii=False).encode()
+
+
+class Grammar:
+    """A compiled spec: the nodes, the automaton over them and the state an output starts in."""
+
+    def __init__(self, key: str, nodes: list[Node], initial: State) -> None:
+        self.key = key  # the spec string it was compiled from: what caches of its masks are keyed by
+        self.nodes = nodes
+        self.automaton = Automaton(nodes)
+        self.initial = initial
+
+
+@lru_cache(maxsize=256)
+def compile_spec(spec: str) -> Grammar:
+    """The grammar of a spec string; GrammarError names what is wrong with it."""
+    if len(spec.encode()) > MAX_SPEC_BYTES:
+        raise GrammarError(f"the schema is {len(spec.encode())} bytes; at most {MAX_SPEC_BYTES} are served")
+    try:
+        parsed = json.loads(spec)
+    except ValueError as e:
+        raise GrammarError(f"the structured-output spec is not JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise GrammarError("the structured-output spec must be a JSON object")
+    builder = _Builder(parsed.get("schema") if isinstance(parsed.get("schema"), dict) else {})
+    kind = parsed.get("type")
+    if kind == "json_object":
+        stack = ((VALUE, builder.object_of_any(), 0),)
+    elif kind == "json_schema":
+        schema = parsed.get("schema")
+        if not isinstance(schema, dict):
+            raise GrammarError("json_schema.schema must be a JSON object (a JSON schema)")
+        stack = ((VALUE, builder.node(schema, "schema"), 0),)
+    elif kind == "choice":
+        choices = parsed.get("choices")
+        if (not isinstance(choices, list) or not choices
+                or not all(isinstance(c, str) and c for c in choices)):
+            raise GrammarError("choice needs a non-empty list of non-empty strings")
+        stack = ((LITERAL, tuple(dict.fromkeys(c.encode() for c in choices)), 0),)
+    elif kind == "tool_calls":
+        stack = ((CALLS, builder.tool_calls(parsed.get("tools")), 0, _max_calls(parsed)),)
+    else:
+        raise GrammarError(f"unknown structured-output type {kind!r}")
+    starts = {stack}
+    if parsed.get("reasoning"):
+        starts.add(stack + ((TEXT, THINK_CLOSE, 0), (LITERAL, (THINK_OPEN,), 0)))
+    return Grammar(spec, builder.nodes, frozenset(starts))
+
+
+def _max_calls(parsed: dict) -> int:
+    most = parsed.get("max_calls", 1)
+    if not isinstance(most, int) or isinstance(most, bool) or most < 1:
+        raise GrammarError(f"max_calls must be an integer >= 1, got {most!r}")
+    return most
+
+
+class _Builder:
+    """Turns schemas into nodes; `path` (a JSON-pointer-like place) goes into every error."""
+
+    def __init__(self, root: dict) -> None:
+        self.root = root
+        self.nodes: list[Node] = []
+        self._refs: dict[str, int] = {}
+        self._any = -1
+
+    def add(self, node: Node) -> int:
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def any_value(self) -> int:
+        """The node of any JSON value (made once; objects and arrays in it hold any values)."""
+        if self._any < 0:
+            self._any = self.add(Node(N_ANY_OF))
+            children = (self.object_of_any(), self.add(Node(N_ARRAY, extra=self._any)),
+                        self.add(Node(N_STRING)), self.add(Node(N_NUMBER)),
+                        self.add(Node(N_LITERAL, keys=(b"true", b"false", b"null"))))
+            self.nodes[self._any] = Node(N_ANY_OF, children=children)
+        return self._any
+
+    def object_of_any(self) -> int:
+        return self.add(Node(N_OBJECT, extra=self.any_value()))
+
+    def tool_calls(self, tools: object) -> int:
+        if not isinstance(tools, list) or not tools:
+            raise GrammarError("tool_calls needs a non-empty list of tools")
+        calls = []
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                raise GrammarError(f"tools[{i}] must be an object with a string name")
+            parameters = tool.get("parameters") or {"type": "object"}
+            if not isinstance(parameters, dict):
+                raise GrammarError(f"tools[{i}].parameters must be a JSON schema (an object)")
+            self.root, self._refs = parameters, {}
+            arguments = self.node(parameters, f"tools[{i}].parameters")
+            name = self.add(Node(N_LITERAL, keys=(_dumps(tool["name"]),)))
+            calls.append(self.add(Node(N_OBJECT, keys=(b'"name"', b'"arguments"'), children=(name, arguments),
+                                       required=(True, True))))
+        return calls[0] if len(calls) == 1 else self.add(Node(N_ANY_OF, children=tuple(calls)))
+
+    def node(self, schema: object, path: str) -> int:
+        if schema is True:
+            return self.any_value()
+        if not isinstance(schema, dict):
+            raise GrammarError(f"{path} must be a JSON schema (an object), got {schema!r}")
+        unknown = sorted(set(schema) - _KNOWN)
+        if unknown:
+            raise GrammarError(f"{path}: the keyword {unknown[0]!r} is not supported in structured outputs")
+        if "$ref" in schema:
+            return self._ref(schema["$ref"], path)
+        if "const" in schema:
+            return self.add(Node(N_LITERAL, keys=(_dumps(schema["const"]),)))
+        if "enum" in schema:
+            values = schema["enum"]
+            if not isinstance(values, list) or not values:
+                raise GrammarError(f"{path}.enum must be a non-empty list")
+            return self.add(Node(N_LITERAL, keys=tuple(dict.fromkeys(_dumps(v) for v in values))))
+        for word in ("anyOf", "oneOf"):
+            if word in schema:
+                options = schema[word]
+                if not isinstance(options, list) or not options:
+                    raise GrammarError(f"{path}.{word} must be a non-empty list of schemas")
+                return self.add(Node(N_ANY_OF, children=tuple(
+                    self.node(option, f"{path}.{word}[{i}]") for i, option in enumerate(options))))
+        if "allOf" in schema:
+            parts = schema["allOf"]
+            if not isinstance(parts, list) or len(parts) != 1:
+                raise GrammarError(f"{path}.allOf is supported with exactly one schema")
+            return self.node(parts[0], f"{path}.allOf[0]")
+        kind = schema.get("type")
+        if kind is None:
+            return self._untyped(schema, path)
+        if isinstance(kind, list):
+            if not kind:
+                raise GrammarError(f"{path}.type must not be an empty list")
+            return self.add(Node(N_ANY_OF, children=tuple(self._typed(schema, k, path) for k in kind)))
+        return self._typed(schema, kind, path)
+
+    def _untyped(self, schema: dict, path: str) -> int:
+        """A schema without `type`: its keywords say which type it means, or any value."""
+        if "properties" in schema or "required" in schema or "additionalProperties" in schema:
+            return self._typed(schema, "object", path)
+        if "items" in schema or "minItems" in schema or "maxItems" in schema:
+            return self._typed(schema, "array", path)
+        if "minLength" in schema or "maxLength" in schema:
+            return self._typed(schema, "string", path)
+        return self.any_value()
+
+    def _typed(self, schema: dict, kind: object, path: str) -> int:
+        if kind not in _TYPES:
+            raise GrammarError(f"{path}.type {kind!r} is not a JSON schema type (one of {', '.join(_TYPES)})")
+        if kind == "object":
+            return self._object(schema, path)
+        if kind == "array":
+            low, high = _bounds(schema, "minItems", "maxItems", path)
+            items = self.node(schema["items"], f"{path}.items") if "items" in schema else self.any_value()
+            return self.add(Node(N_ARRAY, extra=items, low=low, high=high))
+        if kind == "string":
+            low, high = _bounds(schema, "minLength", "maxLength", path)
+            return self.add(Node(N_STRING, low=low, high=high))
+        if kind in ("number", "integer"):
+            return self.add(Node(N_NUMBER, integer=kind == "integer"))
+        return self.add(Node(N_LITERAL, keys=(b"true", b"false") if kind == "boolean" else (b"null",)))
+
+    def _object(self, schema: dict, path: str) -> int:
+        properties = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(properties, dict) or not isinstance(required, list):
+            raise GrammarError(f"{path}: properties must be an object and required a list")
+        missing = [name for name in required if name not in properties]
+        if missing and properties:
+            raise GrammarError(f"{path}.required names {missing[0]!r}, which is not among its properties")
+        if not properties:
+            if required:
+                raise GrammarError(f"{path}.required names properties, but the object has none")
+            extra = schema.get("additionalProperties", True)
+            value = -1 if extra is False else self.node(extra, f"{path}.additionalProperties")
+            return self.add(Node(N_OBJECT, extra=value))
+        index = self.add(Node(N_OBJECT))  # reserved first: a property may refer back to it
+        names = list(properties)
+        children = tuple(self.node(properties[name], f"{path}.properties.{name}") for name in names)
+        self.nodes[index] = Node(N_OBJECT, keys=tuple(_dumps(name) for name in names), children=children,
+                                 required=tuple(name in required for name in names))
+        return index
+
+    def _ref(self, ref: object, path: str) -> int:
+        if not isinstance(ref, str) or not ref.startswith(("#/$defs/", "#/definitions/")):
+            raise GrammarError(f"{path}.$ref {ref!r} is not supported: only local '#/$defs/...' references")
+        if ref in self._refs:
+            return self._refs[ref]
+        section, name = ref[2:].split("/", 1)
+        target = self.root.get(section, {}).get(name) if isinstance(self.root.get(section), dict) else None
+        if target is None:
+            raise GrammarError(f"{path}.$ref {ref!r} names no schema in the root's {section}")
+        index = self._refs[ref] = self.add(Node(N_ANY_OF))  # a placeholder that recursion points at
+        self.nodes[index] = Node(N_ANY_OF, children=(self.node(target, ref[2:]),))
+        return index
+
+
+def _bounds(schema: dict, low_word: str, high_word: str, path: str) -> tuple[int, int]:
+    low, high = schema.get(low_word, 0), schema.get(high_word)
+    for word, value in ((low_word, low), (high_word, high)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise GrammarError(f"{path}.{word} must be a non-negative integer, got {value!r}")
+    high = -1 if high is None else high
+    if high >= 0 and low > high:
+        raise GrammarError(f"{path}: {low_word} {low} is above {high_word} {high}")
+    return low, high

@@ -1,0 +1,65 @@
+"""A small JSON-schema check for the tests of structured outputs: does a parsed value satisfy the
+subset of JSON schema that core/structured/grammar.py enforces? Written independently of the
+automaton, so a test that generates through the masks and checks here tests the two against each
+other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def conforms(value: Any, schema: Any, root: dict | None = None) -> bool:
+    root = root if root is not None else schema
+    if schema is True or schema == {}:
+        return True
+    if "$ref" in schema:
+        section, name = schema["$ref"][2:].split("/", 1)
+        return conforms(value, root[section][name], root)
+    if "const" in schema:
+        return value == schema["const"] and type(value) is type(schema["const"])
+    if "enum" in schema:
+        return any(value == option and type(value) is type(option) for option in schema["enum"])
+    for word in ("anyOf", "oneOf"):
+        if word in schema:
+            return any(conforms(value, option, root) for option in schema[word])
+    if "allOf" in schema:
+        return all(conforms(value, part, root) for part in schema["allOf"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return any(conforms(value, {**schema, "type": k}, root) for k in kind)
+    if kind is None:
+        if "properties" in schema or "additionalProperties" in schema:
+            kind = "object"
+        elif "items" in schema:
+            kind = "array"
+        else:
+            return True
+    if kind == "object":
+        if not isinstance(value, dict):
+            return False
+        properties = schema.get("properties", {})
+        if any(name not in value for name in schema.get("required", [])):
+            return False
+        for name, item in value.items():
+            if name in properties:
+                if not conforms(item, properties[name], root):
+                    return False
+            elif properties or not conforms(item, schema.get("additionalProperties", True), root):
+                return False
+        return True
+    if kind == "array":
+        if not isinstance(value, list):
+            return False
+        if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems", len(value)):
+            return False
+        return all(conforms(item, schema.get("items", True), root) for item in value)
+    if kind == "string":
+        return (isinstance(value, str) and schema.get("minLength", 0) <= len(value)
+                <= schema.get("maxLength", len(value)))
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    return value is None

@@ -1,0 +1,109 @@
+"""The request fields that constrain an output's form (api/structured_fields.py): what spec each
+becomes, and the 400 that names the field when it cannot be served."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.errors import ApiError
+from api.protocol import ServedModel, parse_chat_request, parse_completion_request
+from core.config import QWEN3_GENERATION_DEFAULTS
+
+MODEL = ServedModel("qwen3-tiny", 4096, QWEN3_GENERATION_DEFAULTS)
+SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
+          "required": ["a"]}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time"}}
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def chat_spec(**fields) -> dict | None:
+    body = {"messages": [{"role": "user", "content": "q"}], **fields}
+    spec = parse_chat_request(body, MODEL, "r").requests[0].params.structured_output
+    return json.loads(spec) if spec else None
+
+
+def completion_spec(**fields) -> dict | None:
+    parsed = parse_completion_request({"prompt": "q", **fields}, MODEL, "r")
+    spec = parsed.requests[0].params.structured_output
+    return json.loads(spec) if spec else None
+
+
+def refusal(parse, **fields) -> ApiError:
+    chat = parse is parse_chat_request
+    body = {"messages": [{"role": "user", "content": "q"}]} if chat else {"prompt": "q"}
+    with pytest.raises(ApiError) as info:
+        parse({**body, **fields}, MODEL, "r")
+    assert info.value.status == 400
+    return info.value
+
+
+def test_response_format_json_schema_keeps_the_schema_and_its_key_order():
+    spec = chat_spec(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
+                     **NO_THINKING)
+    assert spec == {"type": "json_schema", "schema": SCHEMA}
+    assert list(spec["schema"]["properties"]) == ["b", "a"]
+
+
+def test_a_chat_with_thinking_on_lets_the_reasoning_come_first():
+    assert chat_spec(response_format={"type": "json_object"}) == {"type": "json_object", "reasoning": True}
+    assert chat_spec(response_format={"type": "json_object"}, **NO_THINKING) == {"type": "json_object"}
+    assert completion_spec(response_format={"type": "json_object"}) == {"type": "json_object"}
+
+
+def test_text_and_nothing_leave_the_output_free():
+    assert chat_spec(response_format={"type": "text"}) is None and chat_spec() is None
+    assert completion_spec() is None
+
+
+def test_vllm_guided_fields_and_structured_outputs():
+    assert completion_spec(guided_json=json.dumps(SCHEMA)) == {"type": "json_schema", "schema": SCHEMA}
+    assert completion_spec(guided_choice=["yes", "no"]) == {"type": "choice", "choices": ["yes", "no"]}
+    assert completion_spec(structured_outputs={"choice": ["a"]}) == {"type": "choice", "choices": ["a"]}
+    assert completion_spec(structured_outputs={"json": SCHEMA}) == {"type": "json_schema", "schema": SCHEMA}
+
+
+def test_a_forced_tool_choice_becomes_tool_call_blocks():
+    required = chat_spec(tools=[WEATHER, CLOCK], tool_choice="required", **NO_THINKING)
+    assert required["type"] == "tool_calls"
+    assert [t["name"] for t in required["tools"]] == ["get_weather", "get_time"]
+    assert required["max_calls"] > 1
+    named = chat_spec(tools=[WEATHER, CLOCK], parallel_tool_calls=False, **NO_THINKING,
+                      tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert named == {"type": "tool_calls", "tools": [{"name": "get_time", "parameters": None}],
+                     "max_calls": 1}
+    assert chat_spec(tools=[WEATHER], tool_choice="auto") is None
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"schema": {"type": "string", "pattern": "a"}}}},
+     "response_format", "'pattern' is not supported"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs 'json_schema'"),
+    ({"response_format": "json"}, "response_format", "must be an object"),
+    ({"response_format": {"type": "grammar"}}, "response_format", "'text', 'json_object' or 'json_schema'"),
+    ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+    ({"guided_json": [1]}, "guided_json", "JSON schema"),
+    ({"guided_choice": []}, "guided_choice", "non-empty array"),
+    ({"guided_regex": "a+"}, "guided_regex", "regular expressions"),
+    ({"guided_grammar": "root ::= x"}, "guided_grammar", "grammars"),
+    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs", "structured_outputs.regex"),
+    ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice", "both constrain"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "tool_choice", "both constrain"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}}}],
+      "tool_choice": "required"},
+     "tool_choice", "'maximum'"),
+])
+def test_what_cannot_be_served_is_refused_naming_the_field(fields, param, words):
+    error = refusal(parse_chat_request, **fields)
+    assert error.param == param and words in error.message, error.message
+
+
+def test_a_guided_choice_that_is_not_a_list_is_refused_on_completions():
+    error = refusal(parse_completion_request, guided_choice="yes")
+    assert error.param == "guided_choice"

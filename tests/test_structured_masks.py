@@ -1,0 +1,184 @@
+"""Structured outputs, the token level: the allowed-token masks (core/structured/token_masks.py)
+against a byte-by-byte check of every token, outputs drawn through them against an independent
+schema check, the executor's per-request states (core/execution/structured_rows.py) and the
+sampler's masking (core/execution/sampler.py), all over the real Qwen vocabulary."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from structured_check import conforms
+from test_sampler import make_plan
+
+from core.execution.sampler import Sampler, SamplingTensors
+from core.execution.structured_rows import StructuredRows
+from core.structured.grammar import compile_spec
+from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, tool_calls_spec
+from core.structured.token_masks import TokenMasks, Vocabulary
+from core.tokenizer.qwen_vocab import QwenVocabTokenizer
+
+WIDTH = 151936  # Qwen3's logits: wider than its tokenizer's 151,669 ids
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6},
+    "score": {"type": "number"},
+    "level": {"enum": ["low", "high", 3]},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
+    "inner": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                           "required": ["ok"]}]},
+}, "required": ["name", "level"]}
+WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                 "required": ["city"]}}
+SPECS = [json_schema_spec(SCHEMA), json_object_spec(), json_object_spec(reasoning=True),
+         choice_spec(["positive", "negative", "neutral"]), tool_calls_spec([WEATHER], max_calls=2)]
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return QwenVocabTokenizer()
+
+
+@pytest.fixture(scope="module")
+def masks(qwen):
+    return TokenMasks(Vocabulary.of_tokenizer(qwen, WIDTH))
+
+
+def brute_force(masks: TokenMasks, spec: str, state, token_ids: np.ndarray) -> np.ndarray:
+    """Which of `token_ids` the automaton accepts whole from `state`, byte by byte."""
+    grammar = compile_spec(spec)
+    vocabulary = masks.vocabulary
+    allowed = np.array([bool(vocabulary.token_bytes[i]) and bool(grammar.automaton.advance_bytes(
+        state, vocabulary.token_bytes[i])) for i in token_ids.tolist()])
+    return allowed
+
+
+def draw(masks: TokenMasks, spec: str, rng: np.random.Generator, max_steps: int = 400,
+         closing: float = 0.7) -> tuple[list[int], list]:
+    """An output drawn through the masks (with probability `closing` a token that closes something,
+    a quote, bracket or brace in it, so outputs end), and the states along it."""
+    grammar = compile_spec(spec)
+    closers = np.array([any(b in data for b in b'"]}>') for data in masks.vocabulary.token_bytes]
+                       + [False] * (masks.vocabulary.width - len(masks.vocabulary.token_bytes)))
+    state, output, states = grammar.initial, [], []
+    for _ in range(max_steps):
+        states.append(state)
+        allowed = np.flatnonzero(masks.allowed(grammar, state))
+        ends = [i for i in allowed.tolist() if i in masks.vocabulary.end_ids]
+        if ends:
+            return output, states
+        closing_ones = allowed[closers[allowed]]
+        pool = closing_ones if len(closing_ones) and rng.random() < closing else allowed
+        token = int(rng.choice(pool))
+        output.append(token)
+        state = masks.advance(grammar, state, token)
+        assert state, f"the masks allowed token {token}, which the grammar then refused"
+    raise AssertionError(f"no end within {max_steps} tokens: {output}")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["schema", "json_object", "reasoning", "choice", "tools"])
+def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
+    rng = np.random.default_rng(0)
+    vocabulary = masks.vocabulary
+    # every token with a byte that matters to JSON, and a random sample of the rest
+    special = np.flatnonzero(~masks._string[2][: len(vocabulary.token_bytes)])
+    sample = np.concatenate([special, rng.choice(len(vocabulary.token_bytes), 3000, replace=False)])
+    grammar = compile_spec(spec)
+    _, states = draw(masks, spec, rng)
+    for state in states[:: max(1, len(states) // 12)]:
+        mask = masks.allowed(grammar, state)
+        expected = brute_force(masks, spec, state, sample)
+        ends = np.isin(sample, vocabulary.end_ids)
+        assert np.array_equal(mask[sample] & ~ends, expected & ~ends), state
+        assert mask[list(vocabulary.end_ids)].all() == grammar.automaton.can_end(state)
+        assert not mask[len(vocabulary.token_bytes):].any()  # the logits' padding ids never
+
+
+def test_outputs_drawn_through_the_masks_conform_to_the_schema(masks, qwen):
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        output, _ = draw(masks, SPECS[0], rng)
+        value = json.loads(qwen.decode(output))
+        assert conforms(value, SCHEMA), value
+
+
+def test_json_mode_outputs_parse_as_objects_and_reasoning_comes_first(masks, qwen):
+    rng = np.random.default_rng(2)
+    for spec in SPECS[1:3]:
+        for _ in range(8):
+            text = qwen.decode(draw(masks, spec, rng)[0])
+            if text.startswith("<think>"):
+                text = text[text.index("</think>\n\n") + len("</think>\n\n"):]
+            assert isinstance(json.loads(text), dict), text
+
+
+def test_tool_call_outputs_are_qwen3_blocks(masks, qwen):
+    rng = np.random.default_rng(3)
+    for _ in range(8):
+        text = qwen.decode(draw(masks, SPECS[4], rng)[0])
+        blocks = text.split("\n<tool_call>\n")
+        assert 1 <= len(blocks) <= 2, text
+        for block in blocks:
+            body = block.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")
+            call = json.loads(body)
+            assert call["name"] == "get_weather" and isinstance(call["arguments"]["city"], str)
+
+
+def test_a_string_mask_takes_the_plain_tokens_without_walking_them(masks):
+    grammar = compile_spec(json_schema_spec({"type": "string"}))
+    state = grammar.automaton.advance_bytes(grammar.initial, b'"')
+    mask = masks.allowed(grammar, state)
+    assert mask.sum() > 0.95 * len(masks.vocabulary.sorted_bytes)
+    bounded = compile_spec(json_schema_spec({"type": "string", "maxLength": 2}))
+    state = bounded.automaton.advance_bytes(bounded.initial, b'"a')
+    mask = masks.allowed(bounded, state)
+    ids = {text: masks.vocabulary.token_bytes.index(text.encode()) for text in ("b", "bc", '"', '",', "é")}
+    assert mask[ids["b"]] and mask[ids['"']] and mask[ids["é"]]
+    assert not mask[ids["bc"]]  # a third character
+    assert not mask[ids['",']]  # the string is the whole value: nothing may follow it
+
+
+def structured_plan(spec: str, outputs: list[list[int]], prompt: list[int], **sampling):
+    """A decode step of requests with `spec`, each with its output so far."""
+    plan = make_plan(len(outputs), history=[(prompt, output) for output in outputs], **sampling)
+    encoded = np.frombuffer(spec.encode(), np.uint8)
+    return type(plan)(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
+                         "grammar_start": np.arange(len(outputs) + 1, dtype=np.int32) * len(encoded),
+                         "grammar_spec": np.tile(encoded, len(outputs))})
+
+
+def test_the_executor_finds_a_requests_state_by_replay_or_from_the_step_before(masks, qwen):
+    rows = StructuredRows(lambda: masks.vocabulary)
+    rows._masks = masks
+    spec = SPECS[0]
+    output = qwen.encode('{"name": "ab", "level": "lo')
+    fresh = rows.masks(structured_plan(spec, [output], [1, 2]), np.array([0]))
+    grammar = compile_spec(spec)
+    state = grammar.automaton.advance_bytes(grammar.initial, qwen.decode(output).encode())
+    assert np.array_equal(fresh[1][0], masks.allowed(grammar, state))
+    stepped = StructuredRows(lambda: masks.vocabulary)
+    stepped._masks = masks
+    for n in range(len(output) + 1):  # one token at a time, as a request decodes
+        result = stepped.masks(structured_plan(spec, [output[:n]], [1, 2]), np.array([0]))
+    assert np.array_equal(result[1][0], fresh[1][0])
+
+
+def test_the_sampler_draws_only_allowed_tokens_and_reports_raw_logprobs(masks, qwen):
+    rows = StructuredRows(lambda: masks.vocabulary)
+    rows._masks = masks
+    spec = choice_spec(["yes", "no"])
+    plan = structured_plan(spec, [[], []], [5], temperature=[0.0, 1.0], num_logprobs=1)
+    plan = type(plan)(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
+                         "grammar_start": np.array([0, 0, plan.grammar_start[2] // 2], np.int32),
+                         "grammar_spec": plan.grammar_spec[: plan.grammar_start[2] // 2]})
+    allowed = rows.masks(plan, plan.sampled_rows)
+    assert allowed[0].tolist() == [1]  # only the second request has a structured output
+    logits = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(0))
+    out = Sampler()(logits, SamplingTensors.from_plan(plan, plan.sampled_rows, "cpu", allowed))
+    assert out.token_ids[0] == logits[0].argmax()  # the free row is untouched
+    token = int(out.token_ids[1])
+    assert qwen.decode([token]) in ("y", "ye", "yes", "n", "no")
+    raw = torch.log_softmax(logits, dim=-1)
+    assert torch.allclose(out.sampled_logprobs[1], raw[1, token])
