@@ -153,7 +153,10 @@ def check_plan(plan: StepPlan, block_size: int, num_pages: int) -> None:
     assert hs.shape == (b + 1,) and hs[0] == 0 and hs[-1] == len(plan.history_ids)
     assert (np.diff(hs) >= 0).all(), f"history_start {hs} decreases"
     for row in np.flatnonzero(np.diff(hs)).tolist():
-        assert plan.logits_index[row] >= 0, f"row {row} has a penalty history but samples nothing"
+        assert plan.logits_index[row] >= 0, f"row {row} has a history but samples nothing"
+        if plan.prev_row[row] >= 0:  # a structured output's: the token in flight is not in it yet
+            assert hs[row + 1] - hs[row] == plan.seq_lens[row] - 1, f"row {row}: history is not the context"
+            continue
         assert plan.history_ids[hs[row + 1] - 1] == plan.input_ids[plan.logits_index[row]], (
             f"row {row}: the history does not end with the last input token")
         assert hs[row + 1] - hs[row] == plan.seq_lens[row], f"row {row}: history is not the whole context"

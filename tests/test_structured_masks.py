@@ -17,7 +17,7 @@ from core.execution.sampler import Sampler, SamplingTensors
 from core.execution.structured_rows import StructuredRows
 from core.structured.grammar import compile_spec
 from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, tool_calls_spec
-from core.structured.token_masks import TokenMasks, Vocabulary
+from core.structured.token_masks import TokenMasks, Vocabulary, unpack
 from core.tokenizer.qwen_vocab import QwenVocabTokenizer
 
 WIDTH = 151936  # Qwen3's logits: wider than its tokenizer's 151,669 ids
@@ -65,7 +65,7 @@ def draw(masks: TokenMasks, spec: str, rng: np.random.Generator, max_steps: int 
     state, output, states = grammar.initial, [], []
     for _ in range(max_steps):
         states.append(state)
-        allowed = np.flatnonzero(masks.allowed(grammar, state))
+        allowed = np.flatnonzero(unpack(masks.allowed(grammar, state), WIDTH))
         ends = [i for i in allowed.tolist() if i in masks.vocabulary.end_ids]
         if ends:
             return output, states
@@ -88,7 +88,7 @@ def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
     grammar = compile_spec(spec)
     _, states = draw(masks, spec, rng)
     for state in states[:: max(1, len(states) // 12)]:
-        mask = masks.allowed(grammar, state)
+        mask = unpack(masks.allowed(grammar, state), WIDTH)
         expected = brute_force(masks, spec, state, sample)
         ends = np.isin(sample, vocabulary.end_ids)
         assert np.array_equal(mask[sample] & ~ends, expected & ~ends), state
@@ -129,11 +129,11 @@ def test_tool_call_outputs_are_qwen3_blocks(masks, qwen):
 def test_a_string_mask_takes_the_plain_tokens_without_walking_them(masks):
     grammar = compile_spec(json_schema_spec({"type": "string"}))
     state = grammar.automaton.advance_bytes(grammar.initial, b'"')
-    mask = masks.allowed(grammar, state)
+    mask = unpack(masks.allowed(grammar, state), WIDTH)
     assert mask.sum() > 0.95 * len(masks.vocabulary.sorted_bytes)
     bounded = compile_spec(json_schema_spec({"type": "string", "maxLength": 2}))
     state = bounded.automaton.advance_bytes(bounded.initial, b'"a')
-    mask = masks.allowed(bounded, state)
+    mask = unpack(masks.allowed(bounded, state), WIDTH)
     ids = {text: masks.vocabulary.token_bytes.index(text.encode()) for text in ("b", "bc", '"', '",', "é")}
     assert mask[ids["b"]] and mask[ids['"']] and mask[ids["é"]]
     assert not mask[ids["bc"]]  # a third character
@@ -142,11 +142,16 @@ def test_a_string_mask_takes_the_plain_tokens_without_walking_them(masks):
 
 def structured_plan(spec: str, outputs: list[list[int]], prompt: list[int], **sampling):
     """A decode step of requests with `spec`, each with its output so far."""
-    plan = make_plan(len(outputs), history=[(prompt, output) for output in outputs], **sampling)
+    plan = make_plan(len(outputs), history=[(prompt, output) for output in outputs],
+                     output_pos=[len(output) for output in outputs], **sampling)
     encoded = np.frombuffer(spec.encode(), np.uint8)
     return type(plan)(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
                          "grammar_start": np.arange(len(outputs) + 1, dtype=np.int32) * len(encoded),
                          "grammar_spec": np.tile(encoded, len(outputs))})
+
+
+def no_previous_step() -> np.ndarray:
+    raise AssertionError("no placeholder here")
 
 
 def test_the_executor_finds_a_requests_state_by_replay_or_from_the_step_before(masks, qwen):
@@ -154,15 +159,35 @@ def test_the_executor_finds_a_requests_state_by_replay_or_from_the_step_before(m
     rows._masks = masks
     spec = SPECS[0]
     output = qwen.encode('{"name": "ab", "level": "lo')
-    fresh = rows.masks(structured_plan(spec, [output], [1, 2]), np.array([0]))
+    fresh = rows.masks(structured_plan(spec, [output], [1, 2]), np.array([0]), no_previous_step)
     grammar = compile_spec(spec)
     state = grammar.automaton.advance_bytes(grammar.initial, qwen.decode(output).encode())
     assert np.array_equal(fresh[1][0], masks.allowed(grammar, state))
     stepped = StructuredRows(lambda: masks.vocabulary)
     stepped._masks = masks
     for n in range(len(output) + 1):  # one token at a time, as a request decodes
-        result = stepped.masks(structured_plan(spec, [output[:n]], [1, 2]), np.array([0]))
+        result = stepped.masks(structured_plan(spec, [output[:n]], [1, 2]), np.array([0]), no_previous_step)
     assert np.array_equal(result[1][0], fresh[1][0])
+
+
+def test_a_placeholders_token_comes_from_the_step_before(masks, qwen):
+    rows = StructuredRows(lambda: masks.vocabulary)
+    rows._masks = masks
+    spec = SPECS[0]
+    output = qwen.encode('{"name": "ab", "level": "hi')
+    whole = rows.masks(structured_plan(spec, [output], [1]), np.array([0]), no_previous_step)
+    short = structured_plan(spec, [output[:-1]], [1])  # the history lacks the token in flight
+    fields = {f: getattr(short, f) for f in short.__dataclass_fields__}
+    placeholder = type(short)(**{**fields, "prev_row": np.array([3], np.int32),
+                                 "output_pos": np.array([len(output)], np.int32)})
+    previous = np.zeros(5, np.int32)
+    previous[3] = output[-1]
+    fresh = StructuredRows(lambda: masks.vocabulary)
+    fresh._masks = masks
+    assert np.array_equal(fresh.masks(placeholder, np.array([0]), lambda: previous)[1], whole[1])
+    wrong = type(short)(**{**fields, "output_pos": np.array([len(output)], np.int32)})
+    with pytest.raises(ValueError, match="output tokens in its history"):
+        fresh.masks(wrong, np.array([0]), no_previous_step)
 
 
 def test_the_sampler_draws_only_allowed_tokens_and_reports_raw_logprobs(masks, qwen):
@@ -173,7 +198,7 @@ def test_the_sampler_draws_only_allowed_tokens_and_reports_raw_logprobs(masks, q
     plan = type(plan)(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
                          "grammar_start": np.array([0, 0, plan.grammar_start[2] // 2], np.int32),
                          "grammar_spec": plan.grammar_spec[: plan.grammar_start[2] // 2]})
-    allowed = rows.masks(plan, plan.sampled_rows)
+    allowed = rows.masks(plan, plan.sampled_rows, no_previous_step)
     assert allowed[0].tolist() == [1]  # only the second request has a structured output
     logits = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(0))
     out = Sampler()(logits, SamplingTensors.from_plan(plan, plan.sampled_rows, "cpu", allowed))
@@ -182,3 +207,13 @@ def test_the_sampler_draws_only_allowed_tokens_and_reports_raw_logprobs(masks, q
     assert qwen.decode([token]) in ("y", "ye", "yes", "n", "no")
     raw = torch.log_softmax(logits, dim=-1)
     assert torch.allclose(out.sampled_logprobs[1], raw[1, token])
+
+
+def test_packed_masks_unpack_on_the_device_in_numpys_bit_order():
+    from core.execution.sampler import apply_masks
+
+    allowed = np.random.default_rng(4).random((3, 21)) < 0.5
+    logits = torch.zeros(5, 21)
+    masked = apply_masks(logits, torch.tensor([0, 2, 4]), torch.from_numpy(np.packbits(allowed, axis=-1)))
+    assert torch.equal(torch.isfinite(masked[[0, 2, 4]]), torch.from_numpy(allowed))
+    assert torch.isfinite(masked[[1, 3]]).all() and torch.isfinite(logits).all()  # a copy

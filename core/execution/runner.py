@@ -88,13 +88,20 @@ class LaunchedStep:
     def ready(self) -> bool:
         return self.done is None or self.done.query()
 
+    def sampled_tokens(self) -> np.ndarray:
+        """The tokens sampled per request of the plan (0 where none), once the step is done."""
+        if self.done is not None:
+            self.done.synchronize()
+        tokens = np.zeros(self.plan.num_reqs, np.int32)
+        tokens[self.rows] = self.host["token_ids"].numpy()
+        return tokens
+
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None, num_pages: int | None = None,
                  backend: AttentionBackend | None = None, show_progress: bool = True,
                  memory_share: float = 1.0, load_vocabulary: Callable[[], Vocabulary] | None = None) -> None:
-        """`load_vocabulary`: the tokenizer's tokens, for structured outputs (loaded on first use;
-        without it a plan that asks for one fails its step)."""
+        """`load_vocabulary`: the tokenizer's tokens for structured outputs, loaded on first use."""
         self.config = config
         self.tp = tp = tp or TPGroup()
         self.device = torch.device(config.device)
@@ -117,6 +124,7 @@ class ModelRunner:
         # replica with async scheduling shares them from rank 0 every step.
         self._prev_tokens = torch.zeros(config.scheduler.max_num_seqs, dtype=torch.long, device=self.device)
         self.shares_samples = config.scheduler.async_scheduling and self.tp.size > 1
+        self._previous: LaunchedStep | None = None  # rank 0: the last step, whose tokens placeholders take
 
     # --- memory --------------------------------------------------------------------------------
 
@@ -231,7 +239,8 @@ class ModelRunner:
                 tokens = torch.empty(len(rows), dtype=torch.long, device=self.device)
                 self._prev_tokens[to_device(rows, self.device)] = self.tp.broadcast_from_first(tokens)
         elif len(rows):
-            allowed = self.structured.masks(plan, rows) if len(plan.grammar_spec) else None
+            allowed = (self.structured.masks(plan, rows, self._previous_tokens) if len(plan.grammar_spec)
+                       else None)
             st = SamplingTensors.from_plan(plan, rows, self.device, allowed)
             drawn = (self.graphs.sample(st) if allowed is None and self._graphed(plan)
                      and self.graphs.can_sample(st) else None)
@@ -250,8 +259,16 @@ class ModelRunner:
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return LaunchedStep(plan, start, self.tp.is_first_rank, rows, host, done,
-                            None if prompt is None else prompt.start)
+        launched = LaunchedStep(plan, start, self.tp.is_first_rank, rows, host, done,
+                                None if prompt is None else prompt.start)
+        if self.tp.is_first_rank:
+            self._previous = launched
+        return launched
+
+    def _previous_tokens(self) -> np.ndarray:
+        if self._previous is None:
+            raise RuntimeError("a placeholder refers to a previous step, but this runner has run none")
+        return self._previous.sampled_tokens()
 
     def finish(self, launched: LaunchedStep) -> StepResult | None:
         """Wait for a launched step; rank 0 gets its result, the other TP ranks None."""
@@ -337,7 +354,7 @@ class ModelRunner:
 
 
 def _no_vocabulary() -> Vocabulary:
-    raise RuntimeError("a request asks for a structured output, but this runner was given no vocabulary")
+    raise RuntimeError("a request asks for a structured output; this runner was given no vocabulary")
 
 
 def _scatter(values: torch.Tensor, rows: np.ndarray, num_reqs: int) -> np.ndarray:

@@ -106,7 +106,7 @@ class SamplingTensors:
     max_bias_id: int = -1  # -1 when no row has a logit bias
     # Structured outputs: the rows that sample with one and, per such row, the tokens it may draw.
     masked_rows: torch.Tensor | None = None  # int64 [M]  row in 0..N-1
-    allowed: torch.Tensor | None = None  # bool [M, V]
+    allowed: torch.Tensor | None = None  # uint8 [M, ceil(V / 8)]  packed bits, np.packbits' order
 
     @property
     def any_bias(self) -> bool:
@@ -141,7 +141,7 @@ class SamplingTensors:
     def from_plan(cls, plan: StepPlan, rows: np.ndarray, device: torch.device | str,
                   allowed: tuple[np.ndarray, np.ndarray] | None = None) -> SamplingTensors:
         """Settings of the plan's requests `rows` (usually `plan.sampled_rows`), in that order;
-        `allowed`: (positions in `rows`, bool [M, V] masks) of the rows with a structured output."""
+        `allowed`: (positions in `rows`, packed masks) of the rows with a structured output."""
         rows = np.asarray(rows, dtype=np.int64)
         device = torch.device(device)
         settings = np.take(plan.sampling, rows)  # [N] records: one gather for every column
@@ -261,14 +261,21 @@ class Sampler:
             if st.any_penalties:
                 logits = apply_penalties(logits, st)
             if st.allowed is not None:
-                if st.allowed.shape[1] != vocab_size:
-                    raise ValueError(f"structured-output masks cover {st.allowed.shape[1]} tokens, the "
-                                     f"logits {vocab_size}")
-                masked = logits[st.masked_rows].masked_fill(~st.allowed, float("-inf"))
-                logits = logits.index_put((st.masked_rows,), masked)
+                logits = apply_masks(logits, st.masked_rows, st.allowed)
             drawn = sample_tokens(logits, st)
         token_ids = drawn.to(torch.int32)
         return _gather_logprobs(raw_logprobs, token_ids, st.max_num_logprobs)
+
+
+def apply_masks(logits: torch.Tensor, rows: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """A copy of `logits` [N, V] where rows `rows` keep only the tokens their packed masks allow."""
+    vocab_size = logits.shape[1]
+    if packed.shape[1] != -(-vocab_size // 8):
+        raise ValueError(f"structured-output masks cover {packed.shape[1] * 8} tokens, the logits "
+                         f"{vocab_size}")
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=packed.device)
+    allowed = ((packed.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab_size].bool()  # [M, V]
+    return logits.index_put((rows,), logits[rows].masked_fill(~allowed, float("-inf")))
 
 
 def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

@@ -37,20 +37,30 @@ class StructuredRows:
             self._masks = TokenMasks(self._load_vocabulary())
         return self._masks
 
-    def masks(self, plan: StepPlan, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(positions in `rows` that sample with a structured output, bool [M, width] of the tokens
-        each may draw), or None when none does."""
+    def masks(self, plan: StepPlan, rows: np.ndarray, previous_tokens: Callable[[], np.ndarray]
+              ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(positions in `rows` that sample with a structured output, packed bits uint8 [M, width / 8]
+        of the tokens each may draw), or None when none does. `previous_tokens()`: the tokens sampled per
+        request of the replica's previous step (waiting for it), which a request decoding from a
+        placeholder has not yet seen in its history."""
         starts = plan.grammar_start
         constrained = np.flatnonzero(starts[rows + 1] > starts[rows])
         if not len(constrained):
             return None
         token_masks = self.token_masks
-        allowed = np.zeros((len(constrained), token_masks.vocabulary.width), bool)
+        allowed = np.zeros((len(constrained), -(-token_masks.vocabulary.width // 8)), np.uint8)
+        previous = None
         for i, position in enumerate(constrained.tolist()):
             row = int(rows[position])
             spec = plan.grammar_spec[starts[row] : starts[row + 1]].tobytes()
             history = plan.history_ids[plan.history_start[row] : plan.history_start[row + 1]]
             output = history[plan.history_prompt_len[row] :]
+            if plan.prev_row[row] >= 0:  # its last output is the previous step's, still on its way
+                previous = previous_tokens() if previous is None else previous
+                output = np.append(output, previous[plan.prev_row[row]])
+            if len(output) != plan.output_pos[row]:
+                raise ValueError(f"step {plan.step_id}: request {row} has {len(output)} output tokens in "
+                                 f"its history, its position says {plan.output_pos[row]}")
             grammar = compile_spec(spec.decode())
             allowed[i] = token_masks.allowed(grammar, self._state(grammar, spec, output))
         return constrained, allowed

@@ -104,7 +104,7 @@ class RunningTable:
         kv_index = (block_table[token_rows, positions // block_size].astype(np.int64) * block_size
                         + positions % block_size)
         logits_index = np.where(seq_lens == num_tokens, query_start[1:] - 1, -1).astype(np.int32)
-        history = self._penalty_history(scheduled, table_rows, num_tokens, prompt_len, logits_index >= 0)
+        history = self._history(scheduled, table_rows, prompt_len, logits_index >= 0)
         return StepPlan(
             step_id=step_id, replica=replica, query_start=query_start,
             seq_lens=seq_lens, block_table=block_table, logits_index=logits_index,
@@ -145,19 +145,19 @@ class RunningTable:
         return {"grammar_start": grammar_start,
                 "grammar_spec": np.concatenate(specs) if specs else np.zeros(0, np.uint8)}
 
-    def _penalty_history(self, scheduled: list[ScheduledChunk], table_rows: np.ndarray,
-                         num_tokens: np.ndarray, prompt_len: np.ndarray,
-                         sampling: np.ndarray) -> dict[str, np.ndarray]:
+    def _history(self, scheduled: list[ScheduledChunk], table_rows: np.ndarray, prompt_len: np.ndarray,
+                 sampling: np.ndarray) -> dict[str, np.ndarray]:
         """Prompt + output ids of the requests that sample with penalties or a structured output; empty
         ranges for the others."""
         rows = np.flatnonzero(self.needs_history[table_rows] & sampling)
+        pieces = [scheduled[row].request.all_token_ids for row in rows.tolist()]
+        # the known tokens: a structured output's from a placeholder lacks the one in flight
         lengths = np.zeros(len(scheduled), np.int32)
-        lengths[rows] = num_tokens[rows]
+        lengths[rows] = [len(piece) for piece in pieces]
         history_start = np.zeros(len(scheduled) + 1, np.int32)
         np.cumsum(lengths, out=history_start[1:])
         history_prompt_len = np.zeros(len(scheduled), np.int32)
         history_prompt_len[rows] = prompt_len[rows]
-        pieces = [scheduled[row].request.all_token_ids for row in rows.tolist()]
         history_ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
         return {"history_start": history_start, "history_prompt_len": history_prompt_len,
                 "history_ids": history_ids}

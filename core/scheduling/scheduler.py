@@ -26,10 +26,12 @@ With `max_steps_in_flight` 1, `schedule()` and `update()` alternate. With 2 (asy
 next step is planned while the previous one runs: a request that samples in the step in flight
 decodes in the next one with a placeholder input (the plan's `prev_row`), which the executor fills
 on the device from the previous step's sampled tokens. Such a request is left out of the next step
-when that pending token will be its last by length, or when it samples with penalties or a
-structured output (its history must be complete); one that stops on a token in the step in flight
-has computed one token for nothing, which update() drops. Results come back in order and apply to
-the oldest step in flight; a chunk of a request preempted or finished since it was planned is void.
+when that pending token will be its last by length, or when it samples with penalties (its history
+must be complete); one with a structured output decodes from a placeholder too, its history one
+token short, which the executor completes from the step before. One that stops on a token in the
+step in flight has computed one token for nothing, which update() drops. Results come back in order
+and apply to the oldest step in flight; a chunk of a request preempted or finished since it was
+planned is void.
 """
 
 from __future__ import annotations
@@ -190,7 +192,7 @@ class Scheduler:
             total = request.num_tokens + request.num_pending_samples
             prev_row = -1
             if request.num_pending_samples:
-                if self._pending_sample_is_last(request, total) or request.sampling_params.needs_history:
+                if self._pending_sample_is_last(request, total) or request.sampling_params.has_penalties:
                     index += 1
                     continue  # it waits for the step in flight
                 step_id, prev_row = request.last_step_row
