@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from structured_check import conforms
 from test_sampler import make_plan
 
+from benchmarks.lib.schema_check import conforms
 from core.execution.sampler import Sampler, SamplingTensors
 from core.execution.structured_rows import StructuredRows
 from core.structured.grammar import compile_spec

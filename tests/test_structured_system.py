@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from api_http import UvicornThread, get
-from structured_check import conforms
 from system_client import tiny_config
 
 from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
+from benchmarks.lib.schema_check import conforms
 from procs.launcher import Launcher, LaunchOptions
 
 openai = pytest.importorskip("openai")

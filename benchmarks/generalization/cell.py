@@ -38,7 +38,11 @@ class Checks:
         return ok
 
     def finished(self, job: Job, generation: Generation, finish_reason: str = "length") -> bool:
-        """It ran to `finish_reason`; a length finish has exactly max_tokens tokens."""
+        """It ran to `finish_reason` (a structured output: to its grammar's end, "stop"); a length
+        finish has exactly max_tokens tokens; a greedy token is the model's most likely one, except
+        under a structured output, which masks the others (its logprobs stay the model's)."""
+        if job.params.structured_output:
+            finish_reason = "stop"
         if generation.refused is not None or generation.error is not None:
             return self.expect(False, f"{job.key}: ended with an error: {generation.error}")
         ok = self.expect(generation.finish_reason == finish_reason,
@@ -48,7 +52,8 @@ class Checks:
         if finish_reason == "length":
             ok &= self.expect(len(generation.token_ids) == job.params.max_tokens, f"{job.key}: "
                               f"{len(generation.token_ids)} tokens, max_tokens {job.params.max_tokens}")
-        if job.params.is_greedy and not job.params.has_penalties and generation.top_logprobs:
+        if (job.params.is_greedy and not job.params.has_penalties and not job.params.structured_output
+                and generation.top_logprobs):
             ok &= self._greedy_is_top1(job.key, generation)
         return ok
 

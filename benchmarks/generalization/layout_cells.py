@@ -13,6 +13,7 @@ from __future__ import annotations
 from api.generation import Generation
 from benchmarks.generalization.cell import Cell, CellContext
 from benchmarks.generalization.reference_cells import cache_cell_jobs
+from benchmarks.generalization.structured_cells import check_structured
 from benchmarks.generalization.workload import (
     Job,
     Workload,
@@ -65,10 +66,10 @@ def identical_prompts_cell(copies: int) -> Cell:
 
 
 def layout_jobs(workload: Workload, exclude_longest: bool = False) -> list[Job]:
-    """What a layout cell submits at once: one job per prompt length, the penalties and seeded jobs
-    and the first batch prompts."""
+    """What a layout cell submits at once: one job per prompt length, the penalties, seeded and
+    structured-output jobs and the first batch prompts."""
     return [*workload.probe(exclude_longest), workload.penalty_job(), workload.layout_seeded_job(),
-            *workload.batch[:7]]
+            *workload.structured_jobs(), *workload.batch[:7]]
 
 
 def _agree(ctx: CellContext, jobs: list[Job], results: dict[str, Generation], against: str) -> None:
@@ -80,6 +81,7 @@ def _agree(ctx: CellContext, jobs: list[Job], results: dict[str, Generation], ag
             ctx.checks.notes.append(f"{job.key}: sampled, not compared in {ctx.server.config.model.dtype}")
             continue
         ctx.checks.agree(job.key, ctx.refs.get(job.key), results[job.key], against)
+    check_structured(ctx, jobs, results)
 
 
 def preemption_pool(workload: Workload) -> int:

@@ -11,6 +11,7 @@ import dataclasses
 
 from api.generation import Generation
 from benchmarks.generalization.cell import Cell, CellContext
+from benchmarks.generalization.structured_cells import structured_cell
 from benchmarks.generalization.workload import SEED, Job, Workload, copies_of, greedy, sampled
 from ipc.messages import ChatTurn
 
@@ -48,6 +49,7 @@ def reference_cells(workload: Workload) -> list[Cell]:
         Cell("max_model_len", "prompt + max_tokens == max_model_len: finish length with exactly max_tokens; "
              "one more token is refused (field max_tokens), a max_model_len prompt too (field prompt)",
              _max_model_len),
+        structured_cell(),
     ]
     return cells
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.sampling_params import SamplingParams
+from core.structured.specs import choice_spec, json_schema_spec, tool_calls_spec
 
 # The near-tie rule looks for both diverging tokens among each run's top logprobs: 100 (the matrix's
 # servers run with --max-logprobs 100), because on the dummy weights' flat distributions the 20th
@@ -22,6 +23,18 @@ from core.sampling_params import SamplingParams
 TOP_LOGPROBS = 100
 SEED = 1234  # of the seeded-sampling jobs
 MAX_TOKEN_ID = 150_000
+# What the structured-output jobs ask for: every string, array and gap bounded, so even a model
+# with random weights reaches the end.
+STRUCTURED_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "kind": {"enum": ["a", "b", None, 3]},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 2},
+    "inner": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+}, "required": ["name", "inner"]}
+STRUCTURED_TOOL = {"name": "lookup", "parameters": {"type": "object", "properties": {
+    "key": {"type": "string", "maxLength": 6}, "exact": {"type": "boolean"}}, "required": ["key", "exact"]}}
+STRUCTURED_CHOICES = ("alpha", "beta", "beta gamma")
+STRUCTURED_MAX_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,18 @@ class Workload:
         """The seeded job the layouts run: short, since while one request samples, every row of a step
         pays for the sampling noise."""
         return self.seeded_job(max_tokens=min(16, self.shape.long_output))
+
+    def structured_jobs(self) -> list[Job]:
+        """A JSON schema greedy and seeded, tool calls and a choice: each ends when its grammar does
+        (EOS allowed), and must reproduce under batching, chunking, preemption and the layouts."""
+        n = self.shape.block_size + 1
+        out = min(STRUCTURED_MAX_TOKENS, self.shape.max_model_len - n)
+        schema, tools = json_schema_spec(STRUCTURED_SCHEMA), tool_calls_spec([STRUCTURED_TOOL], max_calls=2)
+        specs = [("schema", greedy(out, ignore_eos=False, structured_output=schema)),
+                 ("schema-seeded", sampled(out, SEED, ignore_eos=False, structured_output=schema)),
+                 ("tools", greedy(out, ignore_eos=False, structured_output=tools)),
+                 ("choice", greedy(out, ignore_eos=False, structured_output=choice_spec(STRUCTURED_CHOICES)))]
+        return [Job(f"structured-{name}-len{n}", self.by_length[n], params) for name, params in specs]
 
     def alone_indices(self) -> list[int]:
         """Batch prompts also run alone: the first 7 and a few spread over the largest batch."""

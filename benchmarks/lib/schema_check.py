@@ -1,4 +1,4 @@
-"""A small JSON-schema check for the tests of structured outputs: does a parsed value satisfy the
+"""A small JSON-schema check for structured outputs: does a parsed value satisfy the
 subset of JSON schema that core/structured/grammar.py enforces? Written independently of the
 automaton, so a test that generates through the masks and checks here tests the two against each
 other."""
