@@ -11,6 +11,7 @@ Performance
     step_profile    where one step's milliseconds go, the ModelRunner alone (GPU)
     broadcast       plan broadcast latency, scheduler to every TP reader
     arrivals        what one arriving request costs the host before it joins a step
+    structured_masks what structured outputs' token masks cost the host per step
 
 Correctness and reliability
     model_parity    Cadence's logits against transformers' with the same weights
