@@ -8,7 +8,8 @@ a shared-memory slot from that list. A field declared with a neutral value may b
 plan is built (warm-up steps, tests, benchmarks): it is then filled with that value.
 
 Every value travels in every plan: the executor keeps nothing per request between steps (only the
-previous step's sampled tokens, which `prev_row` refers to).
+previous step's sampled tokens, which `prev_row` refers to, and a memo of structured outputs'
+states that the plan's spec and history rebuild).
 """
 
 from __future__ import annotations
