@@ -1,5 +1,6 @@
 """The soak's calls: shot i of a seeded mix of good requests (completions and chats, streamed and
-whole, short prompts and long shared prefixes, greedy and sampled, n=2, stop strings, logit bias),
+whole, short prompts and long shared prefixes, greedy and sampled, n=2, stop strings, logit bias,
+structured outputs),
 streams the client drops after a chunk or two (10 %), and bad requests the server must refuse (5 %).
 
 benchmarks/soak/run.py fires them; benchmarks/soak/calls.py judges what comes back.
@@ -79,6 +80,9 @@ class Workload:
             body["logit_bias"] = {str(rng.randrange(_MAX_ORDINARY_ID)): rng.choice((-100, -5, 5, 100))
                                   for _ in range(rng.randint(1, 8))}
             labels.append("bias")
+        if rng.random() < 0.06:  # a structured output (masked tokens, the eager sampler's path)
+            body.update(_structured(path, rng))
+            labels.append("structured")
         labels.append(self._prompt(body, path, rng))
         if n == 2:
             labels.append("n=2")
@@ -147,6 +151,10 @@ class Workload:
             ("logit_bias outside the vocabulary", COMPLETIONS, {"prompt": "hello", "max_tokens": 4,
                                                                "logit_bias": {"999999": 5}}),
             ("logit_bias 500", CHAT, {**chat, "logit_bias": {"5": 500}}),
+            ("response_format with a pattern", CHAT, {**chat, "response_format": {"type": "json_schema",
+                                                                               "json_schema": {"schema": {
+                                                                                   "type": "string",
+                                                                                   "pattern": "a"}}}}),
             ("malformed JSON", CHAT, None),
             ("empty body", COMPLETIONS, b""),
         ]
@@ -159,6 +167,18 @@ class Workload:
             stream = rng.random() < 0.5  # a refusal must come before a stream starts
             raw = orjson.dumps({**body, "stream": stream})
         return Shot(index, "bad", label, path, raw)
+
+
+def _structured(path: str, rng: random.Random) -> dict[str, Any]:
+    """The fields of a structured output: JSON mode or a small schema, or (completions) a choice."""
+    draw = rng.random()
+    if path == COMPLETIONS and draw < 0.4:
+        return {"guided_choice": list(_WORDS[: rng.randint(2, 6)])}
+    if draw < 0.7:
+        schema = {"type": "object", "properties": {"word": {"enum": list(_WORDS[:5])}, "note": {
+            "type": "string", "maxLength": 12}, "ok": {"type": "boolean"}}, "required": ["word", "ok"]}
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}}
+    return {"response_format": {"type": "json_object"}}
 
 
 def _words(rng: random.Random, num_tokens: int) -> str:

@@ -35,7 +35,7 @@ from core.structured.automaton import STRING, TEXT, State
 from core.structured.grammar import Grammar
 
 _CACHED_STACKS = 4096  # masks kept, ~19 KB each (packed bits)
-_CACHED_TRANSITIONS = 1 << 18
+_CACHED_TRANSITIONS = 1 << 16  # (grammar, state, byte) -> state; cleared when full
 
 
 @dataclass(frozen=True)
