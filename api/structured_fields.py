@@ -24,6 +24,7 @@ from api.tool_fields import MAX_TOOLS, ToolSettings
 from core.structured.grammar import GrammarError, compile_spec
 from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, tool_calls_spec
 
+MAX_SCHEMA_DEPTH = 64  # nesting of objects and arrays in a schema's JSON
 STRUCTURED_FIELDS = frozenset({"response_format", "guided_json", "guided_choice", "guided_regex",
                                "guided_grammar", "structured_outputs"})
 _UNSUPPORTED = {"guided_regex": "regular expressions", "guided_grammar": "grammars"}
@@ -105,11 +106,26 @@ def _schema(value: Any, field: str) -> dict[str, Any]:
             raise invalid(field, f"'{field}' is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise invalid(field, f"'{field}' must be a JSON schema (an object), got {describe(value)}")
+    _check_depth(value, field)
     return value
+
+
+def _check_depth(schema: Any, field: str) -> None:
+    """Refuse a schema nested past MAX_SCHEMA_DEPTH (it would only recurse its way to an error)."""
+    level = [schema]
+    for _ in range(MAX_SCHEMA_DEPTH + 1):
+        level = [child for node in level for child in (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else ())
+            if isinstance(child, dict | list)]
+        if not level:
+            return
+    raise invalid(field, f"'{field}' is nested more than {MAX_SCHEMA_DEPTH} levels deep")
 
 
 def _tool_spec(tools: ToolSettings, reasoning: bool) -> str:
     offered = [tool["function"] for tool in tools.tools or ()]
+    for function in offered:
+        _check_depth(function.get("parameters"), "tools")
     if tools.forced != "required":
         offered = [function for function in offered if function["name"] == tools.forced]
     return tool_calls_spec(offered, max_calls=MAX_TOOLS if tools.parallel else 1, reasoning=reasoning)

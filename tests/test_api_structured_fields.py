@@ -104,6 +104,17 @@ def test_what_cannot_be_served_is_refused_naming_the_field(fields, param, words)
     assert error.param == param and words in error.message, error.message
 
 
+def test_a_schema_nested_too_deep_is_refused_before_it_is_compiled():
+    deep: dict = {"type": "string"}
+    for _ in range(40):
+        deep = {"type": "array", "items": {"anyOf": [deep]}}
+    error = refusal(parse_chat_request,
+                    response_format={"type": "json_schema", "json_schema": {"schema": deep}})
+    assert error.param == "response_format.json_schema.schema" and "nested more than 64" in error.message
+    tool = {"type": "function", "function": {"name": "f", "parameters": deep}}
+    assert "nested" in refusal(parse_chat_request, tools=[tool], tool_choice="required").message
+
+
 def test_a_guided_choice_that_is_not_a_list_is_refused_on_completions():
     error = refusal(parse_completion_request, guided_choice="yes")
     assert error.param == "guided_choice"

@@ -189,3 +189,30 @@ def test_bad_specs_are_refused():
                        (json.dumps({"type": "choice", "choices": [""]}), "non-empty")):
         with pytest.raises(GrammarError, match=word):
             compile_spec(spec)
+
+
+def test_deep_or_huge_schemas_are_refused_not_crashed_on():
+    deep = '{"type": "array", "items": ' * 3000 + '{"type": "string"}' + "}" * 3000
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        compile_spec('{"type": "json_schema", "schema": ' + deep + "}")
+    wide = {"anyOf": [{"enum": [i]} for i in range(25_000)]}
+    with pytest.raises(GrammarError, match="more than 20000 nodes"):
+        compile_spec(json_schema_spec(wide))
+
+
+def test_alternatives_that_share_a_prefix_keep_a_bounded_state():
+    # 2^12 ways to be an object of twelve booleans-or-nulls that look alike until a value comes
+    branch = {"anyOf": [{"type": "object", "properties": {"k": {"type": "boolean"}}, "required": ["k"]},
+                        {"type": "object", "properties": {"k": {"type": "null"}}, "required": ["k"]}]}
+    nested: dict = branch
+    for _ in range(12):
+        nested = {"anyOf": [{"type": "array", "items": nested, "maxItems": 1},
+                            {"type": "array", "items": branch, "maxItems": 1}]}
+    grammar = compile_spec(json_schema_spec(nested))
+    state = grammar.automaton.advance_bytes(grammar.initial, b"[" * 12)
+    assert 0 < len(state) <= 64
+    # every stack kept is a way to a valid end: close what is open, innermost first
+    for stack in state:
+        assert grammar.automaton.can_end(grammar.automaton.advance_bytes(
+            frozenset([stack]), b'{"k": null}' + b"]" * 12)) or grammar.automaton.can_end(
+            grammar.automaton.advance_bytes(frozenset([stack]), b'{"k": true}' + b"]" * 12))

@@ -40,6 +40,10 @@ A_FIRST, A_NEXT, A_COMMA = range(3)
 N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP = range(8)
 _NUMBER_ENDS = frozenset((N_ZERO, N_INT, N_FRAC, N_EXP))
 
+# The most stacks a state keeps. Alternatives that share a long prefix (anyOf of similar objects,
+# nested) multiply stacks, and every stack costs each mask; past this many, the first in sorted
+# order are kept: fewer ways to go on, but each kept one still leads to a valid output.
+MAX_STACKS = 64
 # Whitespace between tokens of JSON: nothing, one space, or a newline and up to MAX_INDENT spaces or
 # tabs (as llama.cpp's JSON grammar has it): room for compact and indented JSON, none for a model
 # that would pad forever. A frame counts its gap's bytes: 0 none, 1 one space, 2 + k a newline and
@@ -90,6 +94,8 @@ class Automaton:
         out: set[Stack] = set()
         for stack in state:
             out.update(self.step(stack, byte))
+        if len(out) > MAX_STACKS:
+            return frozenset(sorted(out)[:MAX_STACKS])
         return frozenset(out)
 
     def advance_bytes(self, state: State, data: bytes) -> State:

@@ -53,6 +53,7 @@ _KNOWN = frozenset({"type", "properties", "required", "additionalProperties", "i
                     "$ref"}) | _IGNORED
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 MAX_SPEC_BYTES = 1 << 20  # a spec travels in every step plan of its request
+MAX_NODES = 20_000
 THINK_OPEN, THINK_CLOSE = b"<think>", b"</think>\n\n"  # as Qwen3 writes its reasoning
 
 
@@ -80,6 +81,13 @@ def compile_spec(spec: str) -> Grammar:
     """The grammar of a spec string; GrammarError names what is wrong with it."""
     if len(spec.encode()) > MAX_SPEC_BYTES:
         raise GrammarError(f"the schema is {len(spec.encode())} bytes; at most {MAX_SPEC_BYTES} are served")
+    try:
+        return _compile(spec)
+    except RecursionError:
+        raise GrammarError("the schema is nested too deeply to compile") from None
+
+
+def _compile(spec: str) -> Grammar:
     try:
         parsed = json.loads(spec)
     except ValueError as e:
@@ -128,6 +136,8 @@ class _Builder:
         self._any = -1
 
     def add(self, node: Node) -> int:
+        if len(self.nodes) >= MAX_NODES:
+            raise GrammarError(f"the schema compiles to more than {MAX_NODES} nodes; simplify it")
         self.nodes.append(node)
         return len(self.nodes) - 1
 
