@@ -195,6 +195,8 @@ def test_deep_or_huge_schemas_are_refused_not_crashed_on():
     deep = '{"type": "array", "items": ' * 3000 + '{"type": "string"}' + "}" * 3000
     with pytest.raises(GrammarError, match="nested too deeply"):
         compile_spec('{"type": "json_schema", "schema": ' + deep + "}")
+    with pytest.raises(GrammarError, match="at most 1000"):
+        compile_spec(json_schema_spec({"enum": list(range(1001))}))
     wide = {"anyOf": [{"enum": [i]} for i in range(25_000)]}
     with pytest.raises(GrammarError, match="more than 20000 nodes"):
         compile_spec(json_schema_spec(wide))

@@ -54,6 +54,7 @@ _KNOWN = frozenset({"type", "properties", "required", "additionalProperties", "i
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 MAX_SPEC_BYTES = 1 << 20  # a spec travels in every step plan of its request
 MAX_NODES = 20_000
+MAX_ENUM = 1000  # values of one enum (each byte of the output is checked against those still in play)
 THINK_OPEN, THINK_CLOSE = b"<think>", b"</think>\n\n"  # as Qwen3 writes its reasoning
 
 
@@ -108,6 +109,8 @@ def _compile(spec: str) -> Grammar:
         if (not isinstance(choices, list) or not choices
                 or not all(isinstance(c, str) and c for c in choices)):
             raise GrammarError("choice needs a non-empty list of non-empty strings")
+        if len(choices) > MAX_ENUM:
+            raise GrammarError(f"choice has {len(choices)} strings; at most {MAX_ENUM} are served")
         stack = ((LITERAL, tuple(dict.fromkeys(c.encode() for c in choices)), 0),)
     elif kind == "tool_calls":
         stack = ((CALLS, builder.tool_calls(parsed.get("tools")), 0, _max_calls(parsed)),)
@@ -187,6 +190,8 @@ class _Builder:
             values = schema["enum"]
             if not isinstance(values, list) or not values:
                 raise GrammarError(f"{path}.enum must be a non-empty list")
+            if len(values) > MAX_ENUM:
+                raise GrammarError(f"{path}.enum has {len(values)} values; at most {MAX_ENUM} are served")
             return self.add(Node(N_LITERAL, keys=tuple(dict.fromkeys(_dumps(v) for v in values))))
         for word in ("anyOf", "oneOf"):
             if word in schema:
