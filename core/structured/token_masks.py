@@ -10,7 +10,9 @@ state. Walking 150k tokens byte by byte for every step would take seconds in Pyt
 * inside a string (the common case: most steps of a JSON output write a string's content) a
   token with no quote, backslash, control byte or broken UTF-8 leaves the stack as it was, so all
   those tokens (~96 % of Qwen's vocabulary) are allowed at once from a precomputed mask and only
-  the others are walked; free text up to a terminator (a `<think>` block) likewise, with the
+  the others are walked: those without a quote by the string's own frame alone (they cannot close
+  it, so what follows the string does not matter; cached per frame), only the ~1.3k with a quote
+  with the whole stack; free text up to a terminator (a `<think>` block) likewise, with the
   tokens that cannot begin or go on with the terminator;
 * transitions are memoized: inside a string most bytes map a stack to itself.
 
@@ -104,6 +106,12 @@ class TokenMasks:
     def __init__(self, vocabulary: Vocabulary) -> None:
         self.vocabulary = vocabulary
         self._string = vocabulary.subset(_is_string_content)
+        # the tokens that are not plain string content, by whether they can close a string
+        unclosing = [i for i, data in enumerate(self._string[0]) if b'"' not in data]
+        closing = [i for i, data in enumerate(self._string[0]) if b'"' in data]
+        self._unclosing = ([self._string[0][i] for i in unclosing], self._string[1][unclosing])
+        self._closing = ([self._string[0][i] for i in closing], self._string[1][closing])
+        self._inside: OrderedDict[tuple[str, tuple], np.ndarray] = OrderedDict()  # per string frame
         # characters per string-content token, for strings whose length the schema bounds
         self._chars = np.zeros(vocabulary.width, np.int64)
         for data, token_id in zip(vocabulary.sorted_bytes, vocabulary.sorted_ids.tolist(), strict=True):
@@ -150,11 +158,12 @@ class TokenMasks:
     def _compute(self, grammar: Grammar, stack: tuple) -> np.ndarray:
         top = stack[-1] if stack else None
         if top is not None and top[0] == STRING and top[3] == 0 and top[4] == 0:
-            rest_bytes, rest_ids, plain = self._string
-            mask = plain.copy()
+            mask = self._string[2].copy()
             node = grammar.nodes[top[1]] if top[1] >= 0 else None
             if node is not None and node.tracks_length and node.high >= 0:
                 mask &= self._chars <= node.high - top[2]
+            mask[self._inside_string(grammar, top)] = True
+            rest_bytes, rest_ids = self._closing
         elif top is not None and top[0] == TEXT and top[1][0] not in top[1][1:]:
             rest_bytes, rest_ids, plain = self._text_subset(top[1], top[2])
             mask = plain.copy()
@@ -165,6 +174,20 @@ class TokenMasks:
         self._walk(grammar, rest_bytes, 0, len(rest_bytes), 0, frozenset((stack,)), found)
         mask[rest_ids[found]] = True
         return mask
+
+    def _inside_string(self, grammar: Grammar, top: tuple) -> np.ndarray:
+        """Ids of the tokens without a quote that are not plain content (escapes, characters split
+        across tokens, control bytes) which the string frame `top` accepts."""
+        key = (grammar.key, top)
+        ids = self._inside.get(key)
+        if ids is None:
+            tokens, token_ids = self._unclosing
+            found: list[int] = []
+            self._walk(grammar, tokens, 0, len(tokens), 0, frozenset([(top,)]), found)
+            ids = self._inside[key] = token_ids[found]
+            if len(self._inside) > _CACHED_STACKS:
+                self._inside.popitem(last=False)
+        return ids
 
     def _text_subset(self, terminator: bytes, matched: int) -> tuple[list[bytes], np.ndarray, np.ndarray]:
         """Tokens that leave free text `matched` bytes into its terminator back at no match (no
