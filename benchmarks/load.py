@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="greedy (temperature 0), or model-defaults: send no sampling field, so the server applies "
         "the checkpoint's generation_config as it does for users (http backend; default greedy)",
     )
+    p.add_argument("--extra-body", type=json.loads, default=None,
+                   help="a JSON object merged into every request body, as vLLM's bench has it, e.g. "
+                   "'{\"response_format\": {\"type\": \"json_object\"}}' (http backend)")
     p.add_argument("--temperature", type=float, help="sent with every request (overrides --sampling's)")
     p.add_argument("--top-p", type=float, help="sent with every request")
     p.add_argument("--top-k", type=int, help="sent with every request")
@@ -180,7 +183,11 @@ def sampling_of(args: argparse.Namespace) -> Sampling:
 
 
 async def main_async(args: argparse.Namespace) -> dict:
+    if args.extra_body is not None and not isinstance(args.extra_body, dict):
+        raise SystemExit("--extra-body must be a JSON object")
     if args.backend == "zmq":
+        if args.extra_body:
+            raise SystemExit("--extra-body is for the http backend (the native client takes SamplingParams)")
         if not args.zmq_address:
             raise SystemExit("--backend zmq needs --zmq-address (the server prints it at start)")
         try:
@@ -188,7 +195,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
     else:
-        backend = HttpBackend(args.base_url, args.api_key, args.timeout, sampling_of(args), args.text_prompts)
+        backend = HttpBackend(args.base_url, args.api_key, args.timeout, sampling_of(args), args.text_prompts,
+                              args.extra_body)
     await backend.start()
     try:
         specs = build_dataset(args)

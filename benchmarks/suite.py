@@ -32,6 +32,8 @@ Runs (the performance report's keys):
   c1_short(_fp8),      48 in / 64 out at concurrency 1, 64 prompts (TTFT bound by the host's launch of
   c1_short(_fp8)_graphs an eager step), in bf16 and FP8, and the same with --small-step-graphs
   c1_fp8_kvfp8, c302_fp8_kvfp8  c1 and c302 in FP8 with an fp8 KV cache (--kv-cache-dtype fp8)
+  c1_json, c64_json    c1 and c64's prompts with every reply in JSON mode (response_format
+                       json_object, through the load tool's --extra-body)
 On several cards (benchmarks/lib/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them),
 one card per rank:
   tp2, tp4, tp8        c1 with --tp 2, 4, 8 (2, 4, 8 GPUs); tp2_c302: c302 with --tp 2 (2 GPUs)
@@ -57,7 +59,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
 
 from benchmarks.lib.layout_runs import (
     ALL_REDUCE_PREFIX,
@@ -70,110 +71,7 @@ from benchmarks.lib.layout_runs import (
     is_command_run,
     matrix_command,
 )
-
-RANDOM = ["--dataset", "random", "--input-len", "1784", "--output-len", "256"]
-# Decode-bound: 1,024-token prompts that c128_warm has put in the prefix cache, 256 tokens out.
-CACHED = ["--dataset", "random", "--input-len", "1024", "--output-len", "256", "--max-concurrency", "128"]
-SHARED = [
-    "--dataset",
-    "shared-prefix",
-    "--groups",
-    "64",
-    "--prompts-per-group",
-    "16",
-    "--system-len",
-    "2048",
-    "--question-len",
-    "128",
-    "--output-len",
-    "256",
-]
-# Every group's prompts arrive before any of them is cached: what the DP router must keep together.
-SHARED_BURST = ["--dataset", "shared-prefix", "--groups", "32", "--prompts-per-group", "16", "--system-len",
-                "2048", "--question-len", "128", "--output-len", "64", "--max-concurrency", "128"]
-FP8 = ("--quantization", "fp8")
-SMALL_STEP_GRAPHS = ("--small-step-graphs",)
-FP8_KV = ("--kv-cache-dtype", "fp8")
-SHORT = ["--dataset", "random", "--input-len", "48", "--output-len", "64", "--max-concurrency", "1"]
-PEER_WORKLOAD = ["--dataset", "random", "--input-len", "512", "--output-len", "128", "--num-prompts", "256"]
-
-
-@dataclass(frozen=True)
-class Run:
-    key: str
-    server_flags: tuple[str, ...]  # beyond --model/--load-format
-    load_flags: tuple[str, ...]
-    num_prompts: int  # before --scale
-    prompts_of: str = ""  # another run whose prompts (seed) this one repeats, for a like-for-like pair
-    # A run repeating prompts the running server has seen gets a fresh server unless it means to
-    # find them cached (c1_fp8_defaults after c1_fp8 had found 99.6 % of its prompt tokens cached).
-    expects_cache_hits: bool = False
-    one_card: bool = False  # the server sees only the first visible card (DP replicas sharing it)
-
-
-SINGLE_CARD_RUNS = {
-    "chat": Run("chat", (), ("--dataset", "multi-turn", "--conversations", "1", "--turns", "2",
-                             "--output-len", "128"), 2),
-    "c1": Run("c1", (), (*RANDOM, "--max-concurrency", "1"), 16),
-    "c16": Run("c16", (), (*RANDOM, "--max-concurrency", "16"), 128),
-    "c64": Run("c64", (), (*RANDOM, "--max-concurrency", "64"), 320),
-    "c302": Run("c302", (), (*RANDOM, "--max-concurrency", "302"), 1000),
-    "prefix_on": Run("prefix_on", (), (*SHARED, "--max-concurrency", "256"), 1024),
-    "prefix_off": Run(
-        "prefix_off", ("--no-enable-prefix-caching",), (*SHARED, "--max-concurrency", "256"), 1024
-    ),
-    # Two replicas on one card only show the router and the replicas' overhead (DP is for several
-    # cards): half of c302's prompts keep the run short.
-    "dp2": Run("dp2", ("--dp", "2"), (*RANDOM, "--max-concurrency", "302"), 500, one_card=True),
-    "prefix_burst_dp1": Run("prefix_burst_dp1", (), tuple(SHARED_BURST), 512),
-    "prefix_burst_dp2": Run("prefix_burst_dp2", ("--dp", "2"), tuple(SHARED_BURST), 512, "prefix_burst_dp1",
-                            one_card=True),
-    "peer_cadence": Run("peer_cadence", (), PEER_WORKLOAD, 256),
-    # The same prompts as c1 and c302, one step at a time (each on a server of its own).
-    "c1_sync": Run("c1_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
-    "prefix_on_sync": Run("prefix_on_sync", ("--no-async-scheduling",), (*SHARED, "--max-concurrency", "256"),
-                          1024, "prefix_on"),
-    "c302_sync": Run("c302_sync", ("--no-async-scheduling",), (*RANDOM, "--max-concurrency", "302"), 1000,
-                     "c302"),
-    # The same prompts sampled as users do: no sampling field, so the server applies the checkpoint's
-    # generation_config (Qwen3: temperature 0.6, top_p 0.95, top_k 20).
-    "c1_defaults": Run("c1_defaults", (), (*RANDOM, "--max-concurrency", "1", "--sampling", "model-defaults"),
-                       16, "c1"),
-    "c302_defaults": Run("c302_defaults", (), (*RANDOM, "--max-concurrency", "302", "--sampling",
-                                               "model-defaults"), 1000, "c302"),
-    # The sampler's cost where decode dominates: the same cached prompts, greedy and at the defaults.
-    "c128_warm": Run("c128_warm", (), tuple(CACHED), 256),
-    "c128_cached": Run("c128_cached", (), tuple(CACHED), 256, "c128_warm", expects_cache_hits=True),
-    "c128_cached_defaults": Run("c128_cached_defaults", (), (*CACHED, "--sampling", "model-defaults"), 256,
-                                "c128_warm", expects_cache_hits=True),
-    # The same prompts served in FP8 (weights quantized at load), beside their bf16 runs.
-    "c1_fp8": Run("c1_fp8", FP8, (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
-    "c302_fp8": Run("c302_fp8", FP8, (*RANDOM, "--max-concurrency", "302"), 1000, "c302"),
-    "prefix_on_fp8": Run("prefix_on_fp8", FP8, (*SHARED, "--max-concurrency", "256"), 1024, "prefix_on"),
-    "peer_cadence_fp8": Run("peer_cadence_fp8", FP8, PEER_WORKLOAD, 256, "peer_cadence"),
-    "c1_fp8_defaults": Run("c1_fp8_defaults", FP8, (*RANDOM, "--max-concurrency", "1", "--sampling",
-                                                    "model-defaults"), 16, "c1"),
-    "c302_fp8_defaults": Run("c302_fp8_defaults", FP8, (*RANDOM, "--max-concurrency", "302", "--sampling",
-                                                        "model-defaults"), 1000, "c302"),
-    # New runs go last: a run's prompts are seeded by its place here.
-    # The burst pair in FP8: on an 80 GB card two bf16 replicas leave each ~3 GB of KV cache, too
-    # little for the burst's working set, so the pair would measure eviction, not routing.
-    "prefix_burst_dp1_fp8": Run("prefix_burst_dp1_fp8", FP8, tuple(SHARED_BURST), 512, "prefix_burst_dp1"),
-    "prefix_burst_dp2_fp8": Run("prefix_burst_dp2_fp8", (*FP8, "--dp", "2"), tuple(SHARED_BURST), 512,
-                                "prefix_burst_dp1", one_card=True),
-    # Short prompts one at a time, whose first token waits on the host's launch of an eager step,
-    # with and without the decode graphs replaying such steps (core/execution/token_rows.py).
-    "c1_short": Run("c1_short", (), tuple(SHORT), 64),
-    "c1_short_graphs": Run("c1_short_graphs", SMALL_STEP_GRAPHS, tuple(SHORT), 64, "c1_short"),
-    "c1_short_fp8": Run("c1_short_fp8", FP8, tuple(SHORT), 64, "c1_short"),
-    "c1_short_fp8_graphs": Run("c1_short_fp8_graphs", (*FP8, *SMALL_STEP_GRAPHS), tuple(SHORT), 64,
-                               "c1_short"),
-    # FP8 weights and an fp8 KV cache: half the K/V bytes a decode step reads (core/execution/kv_cache.py).
-    "c1_fp8_kvfp8": Run("c1_fp8_kvfp8", (*FP8, *FP8_KV), (*RANDOM, "--max-concurrency", "1"), 16, "c1"),
-    "c302_fp8_kvfp8": Run("c302_fp8_kvfp8", (*FP8, *FP8_KV), (*RANDOM, "--max-concurrency", "302"), 1000,
-                          "c302"),
-}
-
+from benchmarks.lib.suite_runs import SINGLE_CARD_RUNS, Run
 
 # Every server-and-load run: the multi-card load runs after the single-card ones (whose --seed, their
 # index here, stays what it was); drills and the matrix start servers of their own.

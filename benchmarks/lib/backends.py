@@ -78,10 +78,12 @@ class HttpBackend:
     """POST /v1/completions (token ids) or /v1/chat/completions (multi-turn), stream=true."""
 
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float,
-                 sampling: Sampling = Sampling(), text_prompts: bool = False) -> None:
+                 sampling: Sampling = Sampling(), text_prompts: bool = False,
+                 extra_body: dict | None = None) -> None:
         import aiohttp
 
         self.sampling_fields = sampling.fields()
+        self.extra_body = extra_body or {}  # merged into every body last (a response_format, say)
         self.text_prompts = text_prompts  # send token-id prompts as text (datasets.ids_as_words)
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -108,6 +110,7 @@ class HttpBackend:
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **self.extra_body,
         }
         if spec.prompt_token_ids is not None:
             prompt = ids_as_words(spec.prompt_token_ids) if self.text_prompts else spec.prompt_token_ids

@@ -73,6 +73,7 @@ def summarize(
         "backend": args.backend,
         "dataset": args.dataset,
         "sampling": Sampling(args.sampling, args.temperature, args.top_p, args.top_k).describe(),
+        "extra_body": getattr(args, "extra_body", None),
         "settings": {
             k: v if not (isinstance(v, float) and math.isinf(v)) else "inf" for k, v in vars(args).items()
         },
