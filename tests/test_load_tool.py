@@ -151,3 +151,18 @@ def test_a_run_at_the_model_defaults_and_a_seeded_one_are_recorded_as_such(syste
     native = _run(address, "--temperature", "0.6", "--top-p", "0.95", "--top-k", "20", *common)
     assert native["completed"] == 6
     assert native["sampling"] == {"mode": "greedy", "sent": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}}
+
+
+def test_extra_body_goes_into_every_http_request_and_the_record(system):
+    address, port = system
+    common = ["--dataset", "random", "--num-prompts", "4", "--input-len", "16", "--output-len", "6",
+              "--max-concurrency", "2", "--no-progress", "--warmup", "1"]
+    choices = {"guided_choice": ["yes", "no"], "ignore_eos": False}
+    http = load.main(["--backend", "http", "--base-url", f"http://127.0.0.1:{port}", "--extra-body",
+                      json.dumps(choices), *common])
+    assert http["completed"] == 4 and http["extra_body"] == choices
+    assert http["total_output_tokens"] <= 4 * 3  # "yes" or "no" and the end: the choice was enforced
+    with pytest.raises(SystemExit, match="http backend"):
+        _run(address, "--extra-body", json.dumps(choices), *common)
+    with pytest.raises(SystemExit, match="JSON object"):
+        load.main(["--backend", "http", "--extra-body", "[1]", *common])
