@@ -3,13 +3,14 @@
 OpenAI's `response_format` (`text`; `json_object`: any JSON object; `json_schema`: a value its
 `json_schema.schema` accepts), a forced `tool_choice` ("required": one or more calls of the offered
 tools; a named function: calls of that one; with `parallel_tool_calls` false at most one call) and
-vLLM's `guided_json` / `guided_choice` (and their newer `structured_outputs.json` / `.choice`) all
+vLLM's `guided_json` / `guided_choice` / `guided_regex` (and their newer `structured_outputs.json` /
+`.choice` / `.regex`) all
 become a spec of core/structured/specs.py that SamplingParams carries to the sampler, which masks
 every token the output's grammar does not allow next (core/structured/token_masks.py). In a chat
 with thinking on, the output may begin with a `<think>` block, the form applying after it.
 
-A request gives at most one of them. Schemas the grammar cannot enforce, regular expressions and
-grammars are refused with a 400 naming the field and the keyword, never served unconstrained.
+A request gives at most one of them. Schemas and patterns the grammar cannot enforce, and grammars,
+are refused with a 400 naming the field and the keyword, never served unconstrained.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from api.body_fields import BodyFields, describe
 from api.errors import invalid
 from api.tool_fields import MAX_TOOLS, ToolSettings
 from core.structured.grammar import GrammarError, compile_spec
-from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, tool_calls_spec
+from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, regex_spec, tool_calls_spec
 
 MAX_SCHEMA_DEPTH = 64  # nesting of objects and arrays in a schema's JSON
 STRUCTURED_FIELDS = frozenset({"response_format", "guided_json", "guided_choice", "guided_regex",
                                "guided_grammar", "structured_outputs"})
-_UNSUPPORTED = {"guided_regex": "regular expressions", "guided_grammar": "grammars"}
+_UNSUPPORTED = {"guided_grammar": "grammars"}
 
 
 def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSettings | None = None) -> str:
@@ -40,22 +41,24 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
             specs.append(("response_format", spec))
     for name, why in _UNSUPPORTED.items():
         if fields.get(name) is not None:
-            raise invalid(name, f"'{name}' is not supported: this server constrains outputs to JSON schemas "
-                          "and choices, not to " + why)
-    guided = {"json": fields.get("guided_json"), "choice": fields.get("guided_choice")}
+            raise invalid(name, f"'{name}' is not supported: this server constrains outputs to JSON schemas, "
+                          "choices and regular expressions, not to " + why)
+    guided = {"json": fields.get("guided_json"), "choice": fields.get("guided_choice"),
+              "regex": fields.get("guided_regex")}
     outputs = fields.get("structured_outputs")
     if outputs is not None:
         if not isinstance(outputs, dict):
             raise invalid("structured_outputs",
                           f"'structured_outputs' must be an object, got {describe(outputs)}")
-        unknown = sorted(k for k, v in outputs.items() if v is not None and k not in ("json", "choice"))
+        unknown = sorted(k for k, v in outputs.items() if v is not None and k not in guided)
         if unknown:
             raise invalid("structured_outputs", f"structured_outputs.{unknown[0]} is not supported: this "
-                          "server constrains outputs to JSON schemas ('json') and choices ('choice')")
+                          "server constrains outputs to JSON schemas ('json'), choices ('choice') and "
+                          "regular expressions ('regex')")
         guided = {k: outputs.get(k) if outputs.get(k) is not None else v for k, v in guided.items()}
-        names = {"json": "structured_outputs.json", "choice": "structured_outputs.choice"}
+        names = {k: f"structured_outputs.{k}" for k in guided}
     else:
-        names = {"json": "guided_json", "choice": "guided_choice"}
+        names = {k: f"guided_{k}" for k in guided}
     if guided["json"] is not None:
         specs.append((names["json"], json_schema_spec(_schema(guided["json"], names["json"]), reasoning)))
     if guided["choice"] is not None:
@@ -64,6 +67,11 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
             raise invalid(names["choice"], f"'{names['choice']}' must be a non-empty array of non-empty "
                           f"strings, got {describe(choices)}")
         specs.append((names["choice"], choice_spec(choices, reasoning)))
+    if guided["regex"] is not None:
+        if not isinstance(guided["regex"], str) or not guided["regex"]:
+            raise invalid(names["regex"], f"'{names['regex']}' must be a non-empty string (a regular "
+                          f"expression), got {describe(guided['regex'])}")
+        specs.append((names["regex"], regex_spec(guided["regex"], reasoning)))
     if tools is not None and tools.forced is not None:
         specs.append(("tool_choice", _tool_spec(tools, reasoning)))
     if len(specs) > 1:

@@ -64,6 +64,8 @@ def test_vllm_guided_fields_and_structured_outputs():
     assert completion_spec(guided_choice=["yes", "no"]) == {"type": "choice", "choices": ["yes", "no"]}
     assert completion_spec(structured_outputs={"choice": ["a"]}) == {"type": "choice", "choices": ["a"]}
     assert completion_spec(structured_outputs={"json": SCHEMA}) == {"type": "json_schema", "schema": SCHEMA}
+    assert completion_spec(guided_regex="[0-9]+") == {"type": "regex", "pattern": "[0-9]+"}
+    assert completion_spec(structured_outputs={"regex": "a|b"}) == {"type": "regex", "pattern": "a|b"}
 
 
 def test_a_forced_tool_choice_becomes_tool_call_blocks():
@@ -80,17 +82,21 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
 
 @pytest.mark.parametrize("fields, param, words", [
     ({"response_format": {"type": "json_schema",
-                          "json_schema": {"schema": {"type": "string", "pattern": "a"}}}},
-     "response_format", "'pattern' is not supported"),
+                          "json_schema": {"schema": {"type": "string", "pattern": "(?=a)b"}}}},
+     "response_format", "lookaround"),
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"schema": {"type": "string", "format": "x", "multipleOf": 2}}}},
+     "response_format", "'multipleOf' is not supported"),
     ({"response_format": {"type": "json_schema"}}, "response_format", "needs 'json_schema'"),
     ({"response_format": "json"}, "response_format", "must be an object"),
     ({"response_format": {"type": "grammar"}}, "response_format", "'text', 'json_object' or 'json_schema'"),
     ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
     ({"guided_json": [1]}, "guided_json", "JSON schema"),
     ({"guided_choice": []}, "guided_choice", "non-empty array"),
-    ({"guided_regex": "a+"}, "guided_regex", "regular expressions"),
+    ({"guided_regex": "a(b"}, "guided_regex", "without its ')'"),
+    ({"guided_regex": ""}, "guided_regex", "non-empty string"),
     ({"guided_grammar": "root ::= x"}, "guided_grammar", "grammars"),
-    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs", "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs", "structured_outputs.grammar"),
     ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice", "both constrain"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
      "tool_choice", "both constrain"),

@@ -160,7 +160,10 @@ def test_tool_calls_are_qwen3_blocks_naming_an_offered_tool():
 
 
 @pytest.mark.parametrize("schema, words", [
-    ({"type": "string", "pattern": "^a+$"}, ["'pattern'", "schema"]),
+    ({"type": "string", "pattern": "^(a)\\1$"}, ["pattern", "\\1 is not supported"]),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, ["pattern with minLength or maxLength"]),
+    ({"type": "string", "pattern": '^"quoted"$'}, ["unescaped in a JSON string"]),
+    ({"type": "number", "multipleOf": 2}, ["'multipleOf'", "schema"]),
     ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}},
      ["'minimum'", "properties.n"]),
     ({"$ref": "http://example.com/s.json"}, ["$ref", "local"]),
@@ -184,7 +187,8 @@ def test_annotations_and_format_are_accepted():
 
 
 def test_bad_specs_are_refused():
-    for spec, word in (("not json", "not JSON"), ('{"type": "regex"}', "'regex'"),
+    for spec, word in (("not json", "not JSON"), ('{"type": "grammar"}', "'grammar'"),
+                       ('{"type": "regex"}', "non-empty string"),
                        (json.dumps({"type": "tool_calls", "tools": []}), "non-empty"),
                        (json.dumps({"type": "choice", "choices": [""]}), "non-empty")):
         with pytest.raises(GrammarError, match=word):

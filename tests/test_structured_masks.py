@@ -6,6 +6,7 @@ sampler's masking (core/execution/sampler.py), all over the real Qwen vocabulary
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from benchmarks.lib.schema_check import conforms
 from core.execution.sampler import Sampler, SamplingTensors
 from core.execution.structured_rows import StructuredRows
 from core.structured.grammar import compile_spec
-from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, tool_calls_spec
+from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, regex_spec, tool_calls_spec
 from core.structured.token_masks import TokenMasks, Vocabulary, unpack
 from core.tokenizer.qwen_vocab import QwenVocabTokenizer
 
@@ -32,8 +33,11 @@ SCHEMA = {"type": "object", "properties": {
 }, "required": ["name", "level"]}
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                  "required": ["city"]}}
+PATTERNED = {"type": "object", "properties": {"code": {"type": "string", "pattern": r"^[A-Z]{2}\d{2,4}$"},
+                                             "word": {"pattern": "^[a-zé ]{1,8}$"}}, "required": ["code"]}
 SPECS = [json_schema_spec(SCHEMA), json_object_spec(), json_object_spec(reasoning=True),
-         choice_spec(["positive", "negative", "neutral"]), tool_calls_spec([WEATHER], max_calls=2)]
+         choice_spec(["positive", "negative", "neutral"]), tool_calls_spec([WEATHER], max_calls=2),
+         json_schema_spec(PATTERNED), regex_spec(r"(yes|no|maybe)(, [a-z]{1,6}){0,3}\.")]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +82,8 @@ def draw(masks: TokenMasks, spec: str, rng: np.random.Generator, max_steps: int 
     raise AssertionError(f"no end within {max_steps} tokens: {output}")
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=["schema", "json_object", "reasoning", "choice", "tools"])
+@pytest.mark.parametrize("spec", SPECS,
+                         ids=["schema", "json_object", "reasoning", "choice", "tools", "pattern", "regex"])
 def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
     rng = np.random.default_rng(0)
     vocabulary = masks.vocabulary
@@ -98,10 +103,18 @@ def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
 
 def test_outputs_drawn_through_the_masks_conform_to_the_schema(masks, qwen):
     rng = np.random.default_rng(1)
-    for _ in range(20):
-        output, _ = draw(masks, SPECS[0], rng)
-        value = json.loads(qwen.decode(output))
-        assert conforms(value, SCHEMA), value
+    for spec, schema in ((SPECS[0], SCHEMA), (SPECS[5], PATTERNED)):
+        for _ in range(12):
+            output, _ = draw(masks, spec, rng)
+            value = json.loads(qwen.decode(output))
+            assert conforms(value, schema), value
+
+
+def test_guided_regex_outputs_match_whole(masks, qwen):
+    rng = np.random.default_rng(5)
+    for _ in range(12):
+        text = qwen.decode(draw(masks, SPECS[6], rng, closing=0.0)[0])
+        assert re.fullmatch(r"(yes|no|maybe)(, [a-z]{1,6}){0,3}\.", text), text
 
 
 def test_json_mode_outputs_parse_as_objects_and_reasoning_comes_first(masks, qwen):

@@ -8,6 +8,7 @@ finds a recomputed request's state again by replaying its output)."""
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -160,3 +161,17 @@ def test_preempted_structured_requests_still_conform(tight):
     preemptions = sum(float(line.split()[-1]) for line in metrics.splitlines()
                       if line.startswith("cadence:num_preemptions"))
     assert preemptions > 0, "the pool was meant to be too small for all sixteen at once"
+
+
+def test_guided_regex_and_a_schema_pattern(tp2):
+    client, _ = tp2
+    reply = client.completions.create(model="tiny", prompt="Answer:", max_tokens=40, n=3, seed=2,
+                                      extra_body={"guided_regex": r"(yes|no), [a-z]{1,8}\."})
+    for choice in reply.choices:
+        assert choice.finish_reason == "stop" and re.fullmatch(r"(yes|no), [a-z]{1,8}\.", choice.text), choice
+    coded = {"type": "object", "properties": {"code": {"type": "string", "pattern": r"^[A-Z]{2}-\d{3}$"}},
+             "required": ["code"]}
+    reply = client.chat.completions.create(
+        model="tiny", messages=USER, max_tokens=200, temperature=0, extra_body=NO_THINKING,
+        response_format={"type": "json_schema", "json_schema": {"name": "coded", "schema": coded}})
+    assert conforms(json.loads(reply.choices[0].message.content), coded), reply.choices[0].message.content

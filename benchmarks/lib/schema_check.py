@@ -5,6 +5,7 @@ other."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -32,6 +33,8 @@ def conforms(value: Any, schema: Any, root: dict | None = None) -> bool:
             kind = "object"
         elif "items" in schema:
             kind = "array"
+        elif "pattern" in schema or "minLength" in schema or "maxLength" in schema:
+            kind = "string"
         else:
             return True
     if kind == "object":
@@ -55,7 +58,8 @@ def conforms(value: Any, schema: Any, root: dict | None = None) -> bool:
         return all(conforms(item, schema.get("items", True), root) for item in value)
     if kind == "string":
         return (isinstance(value, str) and schema.get("minLength", 0) <= len(value)
-                <= schema.get("maxLength", len(value)))
+                <= schema.get("maxLength", len(value))
+                and ("pattern" not in schema or re.search(schema["pattern"], value, re.ASCII) is not None))
     if kind == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "number":

@@ -151,10 +151,10 @@ class Workload:
             ("logit_bias outside the vocabulary", COMPLETIONS, {"prompt": "hello", "max_tokens": 4,
                                                                "logit_bias": {"999999": 5}}),
             ("logit_bias 500", CHAT, {**chat, "logit_bias": {"5": 500}}),
-            ("response_format with a pattern", CHAT, {**chat, "response_format": {"type": "json_schema",
+            ("response_format with a lookahead", CHAT, {**chat, "response_format": {"type": "json_schema",
                                                                                "json_schema": {"schema": {
                                                                                    "type": "string",
-                                                                                   "pattern": "a"}}}}),
+                                                                                   "pattern": "(?=a)b"}}}}),
             ("malformed JSON", CHAT, None),
             ("empty body", COMPLETIONS, b""),
         ]

@@ -21,14 +21,20 @@ What a frame accepts:
   LITERAL one of a few byte strings (true, false, null, enum and const values, tool-call tags)
   TEXT   free text up to a terminator (a reasoning block up to `</think>`)
   CALLS  one or more `<tool_call>` blocks, up to a maximum
+  PATTERN text a regular expression matches (core/structured/regex.py), a character at a time:
+         a JSON string's content (no escapes; its closing quote where the pattern may end) or, for
+         vLLM's guided_regex, the whole output
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
+from core.structured.regex import Regex
+
 # Frame kinds (a frame's first entry).
-VALUE, OBJECT, KEY, ARRAY, STRING, NUMBER, LITERAL, TEXT, CALLS = range(9)
+VALUE, OBJECT, KEY, ARRAY, STRING, NUMBER, LITERAL, TEXT, CALLS, PATTERN = range(10)
 # Node kinds (a node's first entry; see Node).
 N_OBJECT, N_ARRAY, N_STRING, N_NUMBER, N_LITERAL, N_ANY_OF = range(6)
 # OBJECT phases: after `{`, after a key (before `:`), after a value, after `,`.
@@ -60,7 +66,8 @@ class Node(NamedTuple):
     N_OBJECT: `keys` (each property's name as quoted JSON bytes), `children` (their nodes),
               `required` (per property), `extra` (node of additional properties' values, -1: none);
     N_ARRAY: `extra` (the items' node), `low`/`high` (minItems, maxItems; -1: unbounded);
-    N_STRING: `low`/`high` (minLength, maxLength; -1: unbounded);
+    N_STRING: `low`/`high` (minLength, maxLength; -1: unbounded), or `regex` (its pattern's index
+              in the grammar's regexes; -1: none);
     N_NUMBER: `integer`;
     N_LITERAL: `keys` (the byte strings it may be);
     N_ANY_OF: `children` (the alternatives)."""
@@ -73,6 +80,7 @@ class Node(NamedTuple):
     low: int = 0
     high: int = -1
     integer: bool = False
+    regex: int = -1
 
     @property
     def tracks_length(self) -> bool:
@@ -86,8 +94,9 @@ State = frozenset  # of stacks
 class Automaton:
     """Steps stacks of frames over one grammar's nodes, a byte at a time."""
 
-    def __init__(self, nodes: list[Node]) -> None:
+    def __init__(self, nodes: list[Node], regexes: Sequence[Regex] = ()) -> None:
         self.nodes = nodes
+        self.regexes = regexes
 
     def advance(self, state: State, byte: int) -> State:
         """The state after `byte`; empty when no stack accepts it."""
@@ -107,7 +116,7 @@ class Automaton:
 
     def can_end(self, state: State) -> bool:
         """Whether the output may end here: some stack is complete once its open numbers end."""
-        return any(_ended(stack) for stack in state)
+        return any(self._ended(stack) for stack in state)
 
     # --- one stack, one byte ------------------------------------------------------------------------
     def step(self, stack: Stack, c: int) -> list[Stack]:
@@ -134,6 +143,8 @@ class Automaton:
             return _literal(rest, top[1], top[2], c)
         if kind == TEXT:
             return _text(rest, top, c)
+        if kind == PATTERN:
+            return self._pattern(rest, top, c)
         return self._calls(rest, top, c)
 
     def start_value(self, rest: Stack, index: int, c: int) -> list[Stack]:
@@ -146,7 +157,11 @@ class Automaton:
                 out.extend(self.start_value(rest, child, c))
             return out
         if kind == N_STRING:
-            return [rest + ((STRING, index, 0, 0, 0),)] if c == 0x22 else []
+            if c != 0x22:
+                return []
+            if node.regex >= 0:
+                return [rest + ((PATTERN, node.regex, self.regexes[node.regex].initial, b"", True),)]
+            return [rest + ((STRING, index, 0, 0, 0),)]
         if kind == N_OBJECT:
             return [rest + ((OBJECT, index, 0, O_FIRST, 0),)] if c == 0x7B else []
         if kind == N_ARRAY:
@@ -287,6 +302,43 @@ class Automaton:
         # The byte cannot extend the number: the number ends (if it may) and the frame below reads it.
         return self.step(rest, c) if phase in _NUMBER_ENDS else []
 
+    def _pattern(self, rest: Stack, top: tuple, c: int) -> list[Stack]:
+        _, index, states, partial, in_json = top
+        regex = self.regexes[index]
+        if partial:
+            if not 0x80 <= c <= 0xBF:
+                return []
+            partial += bytes((c,))
+        elif in_json and c == 0x22:
+            return [rest] if regex.accepts(states) else []
+        elif c < 0x80:
+            after = regex.step(states, c)
+            return [rest + ((PATTERN, index, after, b"", in_json),)] if after else []
+        elif 0xC2 <= c <= 0xF4:
+            partial = bytes((c,))
+        else:
+            return []
+        need = 2 if partial[0] <= 0xDF else 3 if partial[0] <= 0xEF else 4
+        if len(partial) < need:  # a character begun: go on only if some way to finish it matches
+            lo, hi = _span(partial, need)
+            if lo > hi or not regex.can_take(states, lo, hi):
+                return []
+            return [rest + ((PATTERN, index, states, partial, in_json),)]
+        cp = _code_point(partial)
+        after = regex.step(states, cp) if cp is not None else frozenset()
+        return [rest + ((PATTERN, index, after, b"", in_json),)] if after else []
+
+    def _ended(self, stack: Stack) -> bool:
+        """Whether the stack is complete once the frames that may end without another byte end."""
+        while stack:
+            top = stack[-1]
+            if (top[0] == NUMBER and top[2] in _NUMBER_ENDS) or (top[0] == CALLS and top[2] >= 1) or (
+                    top[0] == PATTERN and not top[4] and not top[3] and self.regexes[top[1]].accepts(top[2])):
+                stack = stack[:-1]
+            else:
+                return False
+        return True
+
     def _calls(self, rest: Stack, top: tuple, c: int) -> list[Stack]:
         _, index, count, most = top
         if count >= most:
@@ -328,12 +380,22 @@ def _text(rest: Stack, top: tuple, c: int) -> list[Stack]:
     return [rest + ((TEXT, terminator, again),)]
 
 
-def _ended(stack: Stack) -> bool:
-    """Whether the stack is complete once the frames that may end without another byte end."""
-    while stack:
-        top = stack[-1]
-        if (top[0] == NUMBER and top[2] in _NUMBER_ENDS) or (top[0] == CALLS and top[2] >= 1):
-            stack = stack[:-1]
-        else:
-            return False
-    return True
+def _span(partial: bytes, need: int) -> tuple[int, int]:
+    """The code points a UTF-8 character of `need` bytes that begins with `partial` may be."""
+    lead_bits = partial[0] & (0xFF >> (need + 1))
+    lo = hi = lead_bits
+    for i in range(1, need):
+        byte = partial[i] if i < len(partial) else None
+        lo = (lo << 6) | ((byte if byte is not None else 0x80) & 0x3F)
+        hi = (hi << 6) | ((byte if byte is not None else 0xBF) & 0x3F)
+    smallest = {2: 0x80, 3: 0x800, 4: 0x10000}[need]
+    return max(lo, smallest), min(hi, 0x10FFFF)
+
+
+def _code_point(data: bytes) -> int | None:
+    """The one character `data` encodes in UTF-8, or None."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return ord(text) if len(text) == 1 else None

@@ -6,6 +6,7 @@ from the API to the executor, which compiles it again (cached by the string):
   {"type": "json_object"}                          any JSON object (OpenAI's JSON mode)
   {"type": "json_schema", "schema": {...}}         a value that the JSON schema accepts
   {"type": "choice", "choices": ["yes", "no"]}      exactly one of the strings, as plain text
+  {"type": "regex", "pattern": "[0-9]{3}-..."}      plain text the pattern matches whole
   {"type": "tool_calls", "tools": [{"name": ..., "parameters": {...}}], "max_calls": N}
         1..N Qwen3 tool-call blocks, `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
         each naming one of the tools and giving arguments its parameters accept
@@ -16,8 +17,9 @@ of free text (a Qwen3 chat with thinking on), the structure applying after it.
 The schema subset (what `compile_spec` accepts; anything else is refused with the keyword and its
 place named, never silently dropped): `type` (one or a list), `properties` (generated in the
 schema's order; keys outside them are not generated), `required`, `additionalProperties` (used
-when there are no properties), `items`, `minItems`, `maxItems`, `minLength`, `maxLength`, `enum`,
-`const`, `anyOf`, `oneOf` (generated as anyOf: a value may match two alternatives), a one-element
+when there are no properties), `items`, `minItems`, `maxItems`, `minLength`, `maxLength`, `pattern`
+(core/structured/regex.py's subset; a string with a pattern holds no escapes), `enum`, `const`,
+`anyOf`, `oneOf` (generated as anyOf: a value may match two alternatives), a one-element
 `allOf`, and local `$ref`s into `$defs` or `definitions` (recursive ones too). Annotations
 (`title`, `description`, `default`, `examples`, ...) are ignored, and so is `format`, which is not
 enforced.
@@ -37,20 +39,22 @@ from core.structured.automaton import (
     N_NUMBER,
     N_OBJECT,
     N_STRING,
+    PATTERN,
     TEXT,
     VALUE,
     Automaton,
     Node,
     State,
 )
+from core.structured.regex import Regex, RegexError
 
 # Keywords that say nothing about which values are valid, or that are not enforced (`format`).
 _IGNORED = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
                       "deprecated", "readOnly", "writeOnly", "format", "$defs", "definitions", "strict",
                       "nullable"})
 _KNOWN = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems",
-                    "maxItems", "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf",
-                    "$ref"}) | _IGNORED
+                    "maxItems", "minLength", "maxLength", "pattern", "enum", "const", "anyOf", "oneOf",
+                    "allOf", "$ref"}) | _IGNORED
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 MAX_SPEC_BYTES = 1 << 20  # a spec travels in every step plan of its request
 MAX_NODES = 20_000
@@ -70,10 +74,10 @@ def _dumps(value: object) -> bytes:
 class Grammar:
     """A compiled spec: the nodes, the automaton over them and the state an output starts in."""
 
-    def __init__(self, key: str, nodes: list[Node], initial: State) -> None:
+    def __init__(self, key: str, nodes: list[Node], initial: State, regexes: list[Regex]) -> None:
         self.key = key  # the spec string it was compiled from: what caches of its masks are keyed by
         self.nodes = nodes
-        self.automaton = Automaton(nodes)
+        self.automaton = Automaton(nodes, regexes)
         self.initial = initial
 
 
@@ -112,6 +116,9 @@ def _compile(spec: str) -> Grammar:
         if len(choices) > MAX_ENUM:
             raise GrammarError(f"choice has {len(choices)} strings; at most {MAX_ENUM} are served")
         stack = ((LITERAL, tuple(dict.fromkeys(c.encode() for c in choices)), 0),)
+    elif kind == "regex":
+        regex = builder.regex(parsed.get("pattern"), "pattern", json=False)
+        stack = ((PATTERN, regex, builder.regexes[regex].initial, b"", False),)
     elif kind == "tool_calls":
         stack = ((CALLS, builder.tool_calls(parsed.get("tools")), 0, _max_calls(parsed)),)
     else:
@@ -119,7 +126,7 @@ def _compile(spec: str) -> Grammar:
     starts = {stack}
     if parsed.get("reasoning"):
         starts.add(stack + ((TEXT, THINK_CLOSE, 0), (LITERAL, (THINK_OPEN,), 0)))
-    return Grammar(spec, builder.nodes, frozenset(starts))
+    return Grammar(spec, builder.nodes, frozenset(starts), builder.regexes)
 
 
 def _max_calls(parsed: dict) -> int:
@@ -135,6 +142,7 @@ class _Builder:
     def __init__(self, root: dict) -> None:
         self.root = root
         self.nodes: list[Node] = []
+        self.regexes: list[Regex] = []
         self._refs: dict[str, int] = {}
         self._any = -1
 
@@ -143,6 +151,16 @@ class _Builder:
             raise GrammarError(f"the schema compiles to more than {MAX_NODES} nodes; simplify it")
         self.nodes.append(node)
         return len(self.nodes) - 1
+
+    def regex(self, pattern: object, path: str, json: bool) -> int:
+        """The index of `pattern` compiled (in a JSON string, or the whole output)."""
+        if not isinstance(pattern, str) or not pattern:
+            raise GrammarError(f"{path} must be a non-empty string (a regular expression)")
+        try:
+            self.regexes.append(Regex(pattern, json=json, whole=not json))
+        except RegexError as e:
+            raise GrammarError(f"{path}: {e}") from None
+        return len(self.regexes) - 1
 
     def any_value(self) -> int:
         """The node of any JSON value (made once; objects and arrays in it hold any values)."""
@@ -220,7 +238,7 @@ class _Builder:
             return self._typed(schema, "object", path)
         if "items" in schema or "minItems" in schema or "maxItems" in schema:
             return self._typed(schema, "array", path)
-        if "minLength" in schema or "maxLength" in schema:
+        if "minLength" in schema or "maxLength" in schema or "pattern" in schema:
             return self._typed(schema, "string", path)
         return self.any_value()
 
@@ -235,6 +253,11 @@ class _Builder:
             return self.add(Node(N_ARRAY, extra=items, low=low, high=high))
         if kind == "string":
             low, high = _bounds(schema, "minLength", "maxLength", path)
+            if "pattern" in schema:
+                if low or high >= 0:
+                    raise GrammarError(f"{path}: a pattern with minLength or maxLength is not supported "
+                                       "(bound the length in the pattern instead)")
+                return self.add(Node(N_STRING, regex=self.regex(schema["pattern"], f"{path}.pattern", True)))
             return self.add(Node(N_STRING, low=low, high=high))
         if kind in ("number", "integer"):
             return self.add(Node(N_NUMBER, integer=kind == "integer"))

@@ -1,6 +1,7 @@
 """The structured-output specs that SamplingParams.structured_output carries, built from their parts.
 
-The API builds them from `response_format`, `tool_choice` and vLLM's guided fields; a native client
+The API builds them from `response_format`, `tool_choice` and vLLM's guided fields (json, choice,
+regex); a native client
 (api.client) passes one of these to SamplingParams itself. core/structured/grammar.py says what each
 means. A spec keeps its schema's key order: properties are generated in that order.
 """
@@ -30,6 +31,11 @@ def json_schema_spec(schema: dict[str, Any], reasoning: bool = False) -> str:
 def choice_spec(choices: Sequence[str], reasoning: bool = False) -> str:
     """Exactly one of `choices`, as plain text (vLLM's guided_choice)."""
     return _spec(type="choice", choices=list(choices), reasoning=reasoning or None)
+
+
+def regex_spec(pattern: str, reasoning: bool = False) -> str:
+    """Plain text that `pattern` matches whole (vLLM's guided_regex; core/structured/regex.py)."""
+    return _spec(type="regex", pattern=pattern, reasoning=reasoning or None)
 
 
 def tool_calls_spec(tools: Sequence[dict[str, Any]], max_calls: int = 1, reasoning: bool = False) -> str:
