@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.structured.automaton import STRING, TEXT, State
+from core.structured.automaton import PATTERN, STRING, TEXT, State
 from core.structured.grammar import Grammar
 
 _CACHED_STACKS = 4096  # masks kept, ~19 KB each (packed bits)
@@ -111,6 +111,12 @@ class TokenMasks:
         closing = [i for i, data in enumerate(self._string[0]) if b'"' in data]
         self._unclosing = ([self._string[0][i] for i in unclosing], self._string[1][unclosing])
         self._closing = ([self._string[0][i] for i in closing], self._string[1][closing])
+        # every token, by whether it holds a quote: a patterned string's frame alone reads the others
+        quoted = np.array([b'"' in data for data in vocabulary.sorted_bytes], bool)
+        self._quoted = ([d for d, q in zip(vocabulary.sorted_bytes, quoted, strict=True) if q],
+                        vocabulary.sorted_ids[quoted])
+        self._unquoted = ([d for d, q in zip(vocabulary.sorted_bytes, quoted, strict=True) if not q],
+                          vocabulary.sorted_ids[~quoted])
         self._inside: OrderedDict[tuple[str, tuple], np.ndarray] = OrderedDict()  # per string frame
         # characters per string-content token, for strings whose length the schema bounds
         self._chars = np.zeros(vocabulary.width, np.int64)
@@ -162,8 +168,14 @@ class TokenMasks:
             node = grammar.nodes[top[1]] if top[1] >= 0 else None
             if node is not None and node.tracks_length and node.high >= 0:
                 mask &= self._chars <= node.high - top[2]
-            mask[self._inside_string(grammar, top)] = True
+            mask[self._inside_ids(grammar, top, self._unclosing)] = True
             rest_bytes, rest_ids = self._closing
+        elif top is not None and top[0] == PATTERN and top[4] and not top[3] and len(stack) > 1:
+            # a patterned JSON string: only a quote can end it, so the tokens without one depend on
+            # its frame alone
+            mask = np.zeros(self.vocabulary.width, bool)
+            mask[self._inside_ids(grammar, top, self._unquoted)] = True
+            rest_bytes, rest_ids = self._quoted
         elif top is not None and top[0] == TEXT and top[1][0] not in top[1][1:]:
             rest_bytes, rest_ids, plain = self._text_subset(top[1], top[2])
             mask = plain.copy()
@@ -175,13 +187,13 @@ class TokenMasks:
         mask[rest_ids[found]] = True
         return mask
 
-    def _inside_string(self, grammar: Grammar, top: tuple) -> np.ndarray:
-        """Ids of the tokens without a quote that are not plain content (escapes, characters split
-        across tokens, control bytes) which the string frame `top` accepts."""
+    def _inside_ids(self, grammar: Grammar, top: tuple, subset: tuple[list[bytes], np.ndarray]) -> np.ndarray:
+        """Ids of the tokens of `subset` (none with a quote) that the string frame `top` accepts
+        without closing: what follows the string does not matter to them."""
         key = (grammar.key, top)
         ids = self._inside.get(key)
         if ids is None:
-            tokens, token_ids = self._unclosing
+            tokens, token_ids = subset
             found: list[int] = []
             self._walk(grammar, tokens, 0, len(tokens), 0, frozenset([(top,)]), found)
             ids = self._inside[key] = token_ids[found]
