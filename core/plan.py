@@ -49,8 +49,8 @@ class StepPlan:
     # sampling settings, one record per request: the columns of core/sampling_params.py's table
     sampling: np.ndarray = column(SAMPLING_DTYPE, "B", neutral=DEFAULT_SAMPLING_ROW)
     output_pos: np.ndarray = column(np.int32, "B", neutral=0)  # tokens generated so far: noise index
-    # token history for penalties and structured outputs, only for requests that have one (ragged:
-    # prompt then output)
+    # token history, only for requests that sample with penalties (ragged: prompt then output) or with
+    # only a structured output (its output: history_prompt_len 0)
     history_start: np.ndarray = column(np.int32, "B+1", neutral=0)
     history_prompt_len: np.ndarray = column(np.int32, "B", neutral=0)  # how many history ids are prompt
     history_ids: np.ndarray = column(np.int32, "H", neutral=0)

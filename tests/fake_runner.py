@@ -154,8 +154,10 @@ def check_plan(plan: StepPlan, block_size: int, num_pages: int) -> None:
     assert (np.diff(hs) >= 0).all(), f"history_start {hs} decreases"
     for row in np.flatnonzero(np.diff(hs)).tolist():
         assert plan.logits_index[row] >= 0, f"row {row} has a history but samples nothing"
-        if plan.prev_row[row] >= 0:  # a structured output's: the token in flight is not in it yet
-            assert hs[row + 1] - hs[row] == plan.seq_lens[row] - 1, f"row {row}: history is not the context"
+        if plan.history_prompt_len[row] == 0:  # a structured output's, without penalties: its output
+            pending = int(plan.prev_row[row] >= 0)  # the token in flight is not in it yet
+            assert hs[row + 1] - hs[row] == plan.output_pos[row] - pending, (
+                f"row {row}: history is not the output")
             continue
         assert plan.history_ids[hs[row + 1] - 1] == plan.input_ids[plan.logits_index[row]], (
             f"row {row}: the history does not end with the last input token")

@@ -778,10 +778,10 @@ def test_async_structured_requests_carry_spec_and_output_and_decode_from_placeho
             carried = plan.grammar_spec[plan.grammar_start[row] : plan.grammar_start[row + 1]]
             assert carried.tobytes() == spec.encode()
             history = plan.history_ids[plan.history_start[row] : plan.history_start[row + 1]]
-            assert history[: plan.history_prompt_len[row]].tolist() == prompt(2, 5)
-            # the history's output ends before the token in flight, which the executor adds
-            output_len = len(history) - plan.history_prompt_len[row]
-            assert output_len == plan.output_pos[row] - (plan.prev_row[row] >= 0)
+            assert plan.history_prompt_len[row] == 0  # no penalties: the output alone, not the prompt
+            # the output ends before the token in flight, which the executor adds
+            assert len(history) == plan.output_pos[row] - (plan.prev_row[row] >= 0)
+            assert history.tolist() == structured.all_token_ids[5 : 5 + len(history)].tolist()
             placeholders += plan.prev_row[row] >= 0
             seen += 1
     assert seen == 6 and placeholders > 0

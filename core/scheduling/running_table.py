@@ -43,6 +43,7 @@ class RunningTable:
         self.block_table = np.zeros((num_rows, max_pages_per_request), np.int32)  # 0 = padding
         self.sampling = np.zeros(num_rows, SAMPLING_DTYPE)  # one record of settings per row
         self.needs_history = np.zeros(num_rows, bool)  # penalties or a structured output
+        self.has_penalties = np.zeros(num_rows, bool)  # the history includes the prompt
         self.num_scoring_prompts = 0  # running requests that asked for prompt logprobs
         self.logit_bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (ids, biases), if any
         self.structured: dict[int, np.ndarray] = {}  # row -> its structured-output spec (UTF-8), if any
@@ -51,6 +52,7 @@ class RunningTable:
         row = request.row = self._free.pop()
         self.sampling[row] = sampling_row(request.sampling_params, request.seed)
         self.needs_history[row] = request.sampling_params.needs_history
+        self.has_penalties[row] = request.sampling_params.has_penalties
         self.num_scoring_prompts += request.prompt_scores is not None
         if request.sampling_params.logit_bias:
             ids, biases = zip(*request.sampling_params.logit_bias, strict=True)
@@ -147,17 +149,21 @@ class RunningTable:
 
     def _history(self, scheduled: list[ScheduledChunk], table_rows: np.ndarray, prompt_len: np.ndarray,
                  sampling: np.ndarray) -> dict[str, np.ndarray]:
-        """Prompt + output ids of the requests that sample with penalties or a structured output; empty
-        ranges for the others."""
+        """The token ids the sampler reads of the requests that sample with penalties (prompt then
+        output: the repetition penalty reads the prompt) or with a structured output only (its
+        output, history_prompt_len 0: a long prompt is not shipped every step); empty ranges for
+        the others. The known tokens: a structured output's from a placeholder lacks the one in
+        flight."""
         rows = np.flatnonzero(self.needs_history[table_rows] & sampling)
-        pieces = [scheduled[row].request.all_token_ids for row in rows.tolist()]
-        # the known tokens: a structured output's from a placeholder lacks the one in flight
+        whole = self.has_penalties[table_rows[rows]]
+        pieces = [scheduled[row].request.all_token_ids[0 if with_prompt else int(prompt_len[row]):]
+                  for row, with_prompt in zip(rows.tolist(), whole.tolist(), strict=True)]
         lengths = np.zeros(len(scheduled), np.int32)
         lengths[rows] = [len(piece) for piece in pieces]
         history_start = np.zeros(len(scheduled) + 1, np.int32)
         np.cumsum(lengths, out=history_start[1:])
         history_prompt_len = np.zeros(len(scheduled), np.int32)
-        history_prompt_len[rows] = prompt_len[rows]
+        history_prompt_len[rows] = np.where(whole, prompt_len[rows], 0)
         history_ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
         return {"history_start": history_start, "history_prompt_len": history_prompt_len,
                 "history_ids": history_ids}
