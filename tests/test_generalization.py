@@ -142,3 +142,19 @@ def test_a_layout_the_model_refuses_is_not_run_and_says_why():
     (cell,) = matrix.report()["cells"]
     assert cell["server"] == "tp2" and cell["passed"] is None
     assert cell["skipped"].startswith("not run: model qwen3-tiny in FP8: tp_size 2")
+
+
+def test_a_structured_outputs_divergence_is_judged_on_the_two_chosen_tokens():
+    # the grammar allowed tokens far below the top: the chosen ones are not among the top logprobs
+    top = [(1, -9.0), (2, -9.1)]
+    reference = Generation("r", token_ids=[5, 6, 7], finish_reason="stop", logprobs=[-11.0, -11.2, -12.0],
+                           top_logprobs=[[TopLogprob(t, "", lp) for t, lp in top]] * 3)
+    tie = Generation("r", token_ids=[5, 8], finish_reason="stop", logprobs=[-11.0, -11.3],
+                     top_logprobs=[[TopLogprob(t, "", lp) for t, lp in top]] * 2)
+    assert not compare(reference, tie, BF16).ok  # the plain rule cannot see them
+    agreement = compare(reference, tie, BF16, constrained=True)
+    assert agreement.ok and "near-tie" in agreement.message  # and the length may then differ
+    far = Generation("r", token_ids=[5, 8], finish_reason="stop", logprobs=[-11.0, -12.0],
+                     top_logprobs=tie.top_logprobs)
+    assert "0.8 nats apart" in compare(reference, far, BF16, constrained=True).message
+    assert not compare(reference, tie, FLOAT32, constrained=True).ok  # float32 stays exact

@@ -68,13 +68,15 @@ class Checks:
                                           f"the top logprobs are {tops}")
         return True
 
-    def agree(self, key: str, reference: Generation | None, actual: Generation | None, against: str) -> bool:
-        """`actual` reproduces `reference` (the run of the same key `against` names) under the tolerance."""
+    def agree(self, key: str, reference: Generation | None, actual: Generation | None, against: str,
+              constrained: bool = False) -> bool:
+        """`actual` reproduces `reference` (the run of the same key `against` names) under the tolerance
+        (`constrained`: a structured output's; compare.py says what changes)."""
         if reference is None or actual is None:
             missing = "reference" if reference is None else "output"
             return self.expect(False, f"{key}: no {missing} to compare (the cell that makes it failed)")
         self.num_compared += 1
-        agreement = compare(reference, actual, self.tolerance)
+        agreement = compare(reference, actual, self.tolerance, constrained)
         if agreement.max_logprob_diff is not None:
             self.max_logprob_diff = max(self.max_logprob_diff or 0.0, agreement.max_logprob_diff)
         if agreement.ok and agreement.message:

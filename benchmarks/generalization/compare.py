@@ -73,8 +73,15 @@ class Agreement:
     max_logprob_diff: float | None = None  # over the positions compared, when both have logprobs
 
 
-def compare(reference: Generation, actual: Generation, tolerance: Tolerance) -> Agreement:
-    """Whether `actual` reproduces `reference` under `tolerance`; the message names the position."""
+def compare(reference: Generation, actual: Generation, tolerance: Tolerance,
+            constrained: bool = False) -> Agreement:
+    """Whether `actual` reproduces `reference` under `tolerance`; the message names the position.
+
+    `constrained`: a structured output's, whose greedy token is the likeliest the grammar allows,
+    often far below the top logprobs. Up to a divergence both runs allowed the same tokens, so at
+    a near-tie each run's own token has nearly the logprob the other run's token has there: the
+    two chosen tokens' logprobs must be within the tie tolerance. After it the outputs may differ
+    in length (the grammar's check of each output is the cell's)."""
     if actual.refused is not None or actual.error is not None:
         return Agreement(False, f"ended with an error: {actual.error}")
     ref_ids, ids = reference.token_ids, actual.token_ids
@@ -85,12 +92,12 @@ def compare(reference: Generation, actual: Generation, tolerance: Tolerance) -> 
         if tolerance.exact:
             return Agreement(False, f"token {first} is {ids[first]} where the reference has {ref_ids[first]} "
                                     f"({_window(ref_ids, first)} vs {_window(ids, first)})", diff)
-        tie = _near_tie(reference, actual, first, tolerance.tie_nats)
+        tie = (_masked_near_tie if constrained else _near_tie)(reference, actual, first, tolerance.tie_nats)
         if tie is not None:
             return Agreement(False, f"token {first} is {ids[first]} where the reference has "
                                     f"{ref_ids[first]}, and it is no near-tie: {tie}", diff)
         note = f"diverged at token {first} after a near-tie"
-    if len(ids) != len(ref_ids):
+    if len(ids) != len(ref_ids) and not (constrained and first is not None):
         return Agreement(False, f"{len(ids)} tokens where the reference has {len(ref_ids)}", diff)
     if actual.finish_reason != reference.finish_reason:
         return Agreement(False, f"finish_reason {actual.finish_reason!r} where the reference has "
@@ -124,6 +131,18 @@ def _near_tie(reference: Generation, actual: Generation, position: int, tie_nats
         if gap > tie_nats:
             return (f"{name}'s logprobs of {mine} and {theirs} are {gap:.3g} nats apart from its best "
                     f"(> {tie_nats:g})")
+    return None
+
+
+def _masked_near_tie(reference: Generation, actual: Generation, position: int, tie_nats: float) -> str | None:
+    """None when the tokens each run chose at `position` have logprobs within `tie_nats`."""
+    if reference.logprobs is None or actual.logprobs is None:
+        return f"no logprobs at token {position}"
+    gap = abs(reference.logprobs[position] - actual.logprobs[position])
+    if gap > tie_nats:
+        return (f"among the tokens the grammar allows, the reference's has logprob "
+                f"{reference.logprobs[position]:.4g} and this run's {actual.logprobs[position]:.4g}, "
+                f"{gap:.3g} nats apart (> {tie_nats:g})")
     return None
 
 

@@ -80,7 +80,8 @@ def _agree(ctx: CellContext, jobs: list[Job], results: dict[str, Generation], ag
         if not job.params.is_greedy and not ctx.checks.tolerance.exact:
             ctx.checks.notes.append(f"{job.key}: sampled, not compared in {ctx.server.config.model.dtype}")
             continue
-        ctx.checks.agree(job.key, ctx.refs.get(job.key), results[job.key], against)
+        ctx.checks.agree(job.key, ctx.refs.get(job.key), results[job.key], against,
+                         constrained=bool(job.params.structured_output))
     check_structured(ctx, jobs, results)
 
 

@@ -61,5 +61,5 @@ def _structured(ctx: CellContext) -> None:
     check_structured(ctx, jobs, together)
     for job in jobs:
         if job.params.is_greedy or checks.tolerance.exact:
-            checks.agree(job.key, alone[job.key], together[job.key], "alone")
+            checks.agree(job.key, alone[job.key], together[job.key], "alone", constrained=True)
     checks.details["output_tokens"] = {job.key: len(alone[job.key].token_ids) for job in jobs}
