@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+from test_structured_grammar import verdict
 
 from core.structured.grammar import GrammarError, compile_spec
 from core.structured.regex import Regex, RegexError
@@ -58,14 +59,6 @@ def test_in_a_json_string_only_characters_that_need_no_escape_match():
     # a state from which only a quote would go on is dropped: no dead end to be stuck in
     regex = Regex(r'^a(b|")$', json=True)
     assert regex.step(regex.initial, ord("a")) and matches(regex, "ab")
-
-
-def verdict(spec: str, text: str | bytes) -> str:
-    grammar = compile_spec(spec)
-    state = grammar.automaton.advance_bytes(grammar.initial, text.encode() if isinstance(text, str) else text)
-    if not state:
-        return "rejected"
-    return "complete" if grammar.automaton.can_end(state) else "prefix"
 
 
 def test_a_schema_pattern_constrains_the_strings_content():

@@ -137,11 +137,12 @@ class RunningTable:
         """The structured-output specs of the requests that sample this step with one."""
         lengths = np.zeros(len(table_rows), np.int32)
         specs = []
-        for index in np.flatnonzero(sampling).tolist():
-            spec = self.structured.get(int(table_rows[index]))
-            if spec is not None:
-                lengths[index] = len(spec)
-                specs.append(spec)
+        rows_with_spec = np.fromiter(self.structured, np.int32, len(self.structured))
+        constrained = sampling & np.isin(table_rows, rows_with_spec)
+        for index in np.flatnonzero(constrained).tolist():  # the constrained rows only
+            spec = self.structured[int(table_rows[index])]
+            lengths[index] = len(spec)
+            specs.append(spec)
         grammar_start = np.zeros(len(table_rows) + 1, np.int32)
         np.cumsum(lengths, out=grammar_start[1:])
         return {"grammar_start": grammar_start,

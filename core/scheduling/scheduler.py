@@ -27,11 +27,10 @@ next step is planned while the previous one runs: a request that samples in the 
 decodes in the next one with a placeholder input (the plan's `prev_row`), which the executor fills
 on the device from the previous step's sampled tokens. Such a request is left out of the next step
 when that pending token will be its last by length, or when it samples with penalties (its history
-must be complete); one with a structured output decodes from a placeholder too, its history one
-token short, which the executor completes from the step before. One that stops on a token in the
-step in flight has computed one token for nothing, which update() drops. Results come back in order
-and apply to the oldest step in flight; a chunk of a request preempted or finished since it was
-planned is void.
+must be complete; a structured output's history may lack the pending token, which the executor
+adds). One that stops on a token in the step in flight has computed one token for nothing, which
+update() drops. Results come back in order and apply to the oldest step in flight; a chunk of a
+request preempted or finished since it was planned is void.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from core.structured.regex import Regex
+from core.structured.regex import Regex, code_point, utf8_span
 
 # Frame kinds (a frame's first entry).
 VALUE, OBJECT, KEY, ARRAY, STRING, NUMBER, LITERAL, TEXT, CALLS, PATTERN = range(10)
@@ -320,11 +320,11 @@ class Automaton:
             return []
         need = 2 if partial[0] <= 0xDF else 3 if partial[0] <= 0xEF else 4
         if len(partial) < need:  # a character begun: go on only if some way to finish it matches
-            lo, hi = _span(partial, need)
+            lo, hi = utf8_span(partial, need)
             if lo > hi or not regex.can_take(states, lo, hi):
                 return []
             return [rest + ((PATTERN, index, states, partial, in_json),)]
-        cp = _code_point(partial)
+        cp = code_point(partial)
         after = regex.step(states, cp) if cp is not None else frozenset()
         return [rest + ((PATTERN, index, after, b"", in_json),)] if after else []
 
@@ -378,24 +378,3 @@ def _text(rest: Stack, top: tuple, c: int) -> list[Stack]:
     again = next((k for k in range(min(len(seen), len(terminator) - 1), 0, -1)
                   if seen.endswith(terminator[:k])), 0)
     return [rest + ((TEXT, terminator, again),)]
-
-
-def _span(partial: bytes, need: int) -> tuple[int, int]:
-    """The code points a UTF-8 character of `need` bytes that begins with `partial` may be."""
-    lead_bits = partial[0] & (0xFF >> (need + 1))
-    lo = hi = lead_bits
-    for i in range(1, need):
-        byte = partial[i] if i < len(partial) else None
-        lo = (lo << 6) | ((byte if byte is not None else 0x80) & 0x3F)
-        hi = (hi << 6) | ((byte if byte is not None else 0xBF) & 0x3F)
-    smallest = {2: 0x80, 3: 0x800, 4: 0x10000}[need]
-    return max(lo, smallest), min(hi, 0x10FFFF)
-
-
-def _code_point(data: bytes) -> int | None:
-    """The one character `data` encodes in UTF-8, or None."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return ord(text) if len(text) == 1 else None

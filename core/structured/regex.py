@@ -10,7 +10,8 @@ without `^` (or `$`) may have anything before (or after) its match, as JSON sche
 `pattern` allows. Not supported: backreferences, lookaround, `\\b`, flags.
 
 States are frozensets of NFA state numbers (epsilon-closed), hashable, so the automaton's stacks
-hold them as they are.
+hold them as they are. `code_point` and `utf8_span` turn the automaton's bytes into code points: a
+whole UTF-8 character, and the range a character begun but not finished may still become.
 """
 
 from __future__ import annotations
@@ -356,3 +357,24 @@ class _Parser:
             else:
                 ranges.append((lo, lo))
         return CharSet(tuple(ranges), negated)
+
+
+def utf8_span(partial: bytes, need: int) -> tuple[int, int]:
+    """The code points a UTF-8 character of `need` bytes that begins with `partial` may be."""
+    lead_bits = partial[0] & (0xFF >> (need + 1))
+    lo = hi = lead_bits
+    for i in range(1, need):
+        byte = partial[i] if i < len(partial) else None
+        lo = (lo << 6) | ((byte if byte is not None else 0x80) & 0x3F)
+        hi = (hi << 6) | ((byte if byte is not None else 0xBF) & 0x3F)
+    smallest = {2: 0x80, 3: 0x800, 4: 0x10000}[need]
+    return max(lo, smallest), min(hi, 0x10FFFF)
+
+
+def code_point(data: bytes) -> int | None:
+    """The one character `data` encodes in UTF-8, or None."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return ord(text) if len(text) == 1 else None
