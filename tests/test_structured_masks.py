@@ -18,6 +18,7 @@ from core.execution.sampler import Sampler, SamplingTensors
 from core.execution.structured_rows import StructuredRows
 from core.structured.grammar import compile_spec
 from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, regex_spec, tool_calls_spec
+from core.structured.token_columns import TokenColumns, Transitions
 from core.structured.token_masks import TokenMasks, Vocabulary, unpack
 from core.tokenizer.qwen_vocab import QwenVocabTokenizer
 
@@ -88,7 +89,7 @@ def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
     rng = np.random.default_rng(0)
     vocabulary = masks.vocabulary
     # every token with a byte that matters to JSON, and a random sample of the rest
-    special = np.flatnonzero(~masks._string[2][: len(vocabulary.token_bytes)])
+    special = np.flatnonzero(~masks._string_content[: len(vocabulary.token_bytes)])
     sample = np.concatenate([special, rng.choice(len(vocabulary.token_bytes), 3000, replace=False)])
     grammar = compile_spec(spec)
     _, states = draw(masks, spec, rng)
@@ -151,6 +152,55 @@ def test_a_string_mask_takes_the_plain_tokens_without_walking_them(masks):
     assert mask[ids["b"]] and mask[ids['"']] and mask[ids["é"]]
     assert not mask[ids["bc"]]  # a third character
     assert not mask[ids['",']]  # the string is the whole value: nothing may follow it
+
+
+def test_token_columns_run_an_automaton_over_every_token_as_a_byte_loop_would():
+    rng = np.random.default_rng(3)
+    tokens = sorted({bytes(rng.integers(0, 6, rng.integers(1, 9)).tolist()) for _ in range(3000)})
+    ids = rng.permutation(5000)[: len(tokens)]
+    columns = TokenColumns(tokens, ids, 5000)
+
+    def step(state, byte):  # a counter of bytes below 4 that dies at 5 or on a 5
+        if byte == 5:
+            return 0
+        after = state + (byte < 4)
+        return after if after <= 5 else 0
+
+    for subset in (ids, ids[::3], ids[:0]):
+        accepted = set(columns.accepted(1, columns.subset(subset), Transitions(step, capacity=4)).tolist())
+        expected = set()
+        for data, token_id in zip(tokens, ids.tolist(), strict=True):
+            state = 1
+            for byte in data:
+                state = step(state, byte) if state else 0
+            if state and token_id in set(subset.tolist()):
+                expected.add(token_id)
+        assert accepted == expected
+
+
+@pytest.mark.parametrize("spec, prefix", [
+    (json_schema_spec(PATTERNED), b'{"code": "AB1'),  # inside a pattern: the string frame's tokens
+    (json_schema_spec(PATTERNED), b'{"code": "AB12", "word": "ab'),
+    (regex_spec("[a-z ]{1,64}"), b"the cat"),  # a whole-output pattern: the whole vocabulary
+    (json_object_spec(), b'{"'),  # a key: most tokens go on
+    (json_object_spec(), b'{"a": 1'),  # after a number: few do
+])
+def test_masks_of_states_that_let_most_tokens_on_equal_the_byte_by_byte_check(masks, spec, prefix):
+    grammar = compile_spec(spec)
+    state = grammar.automaton.advance_bytes(grammar.initial, prefix)
+    assert state
+    vocabulary = masks.vocabulary
+    # the tokens whose first byte the state takes (those the walk reads on), and a few others
+    firsts = [i for i, data in enumerate(vocabulary.token_bytes)
+              if data and grammar.automaton.advance(state, data[0])]
+    rng = np.random.default_rng(1)
+    sample = np.unique(np.concatenate([rng.choice(firsts, min(len(firsts), 6000), replace=False),
+                                       rng.choice(len(vocabulary.token_bytes), 1000, replace=False)]))
+    mask = unpack(masks.allowed(grammar, state), WIDTH)
+    ends = np.isin(sample, vocabulary.end_ids)
+    expected = brute_force(masks, spec, state, sample)
+    assert expected.sum() > 0
+    assert np.array_equal(mask[sample] & ~ends, expected & ~ends)
 
 
 def structured_plan(spec: str, outputs: list[list[int]], prompt: list[int], **sampling):

@@ -3,8 +3,9 @@
 A token is allowed when the automaton (core/structured/automaton.py) accepts all its bytes from the
 state. Walking 150k tokens byte by byte for every step would take seconds in Python, so:
 
-* the vocabulary is kept sorted by bytes, and a depth-first walk over it shares each prefix among
-  the tokens that begin with it: a byte that no stack accepts cuts off every token under it;
+* the automaton runs over all tokens at once, a byte position at a time (token_columns.py): each
+  token carries a small state number through a numpy table, and only (state, byte) pairs not met
+  before step the real automaton; tokens whose first byte no stack accepts are never read further;
 * a state is a set of stacks and a token is allowed when some stack accepts it, so masks are
   computed and cached per stack (the same stack recurs all through an output);
 * inside a string (the common case: most steps of a JSON output write a string's content) a
@@ -26,7 +27,6 @@ sampling from an empty distribution.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,9 +35,11 @@ import numpy as np
 
 from core.structured.automaton import PATTERN, STRING, TEXT, State
 from core.structured.grammar import Grammar
+from core.structured.token_columns import TokenColumns, TokenSubset, Transitions
 
 _CACHED_STACKS = 4096  # masks kept, ~19 KB each (packed bits)
 _CACHED_TRANSITIONS = 1 << 16  # (grammar, state, byte) -> state; cleared when full
+_CACHED_TABLES = 32  # grammars whose transition tables are kept, up to ~2 MB each
 
 
 @dataclass(frozen=True)
@@ -105,26 +107,29 @@ class TokenMasks:
 
     def __init__(self, vocabulary: Vocabulary) -> None:
         self.vocabulary = vocabulary
-        self._string = vocabulary.subset(_is_string_content)
+        self._columns = TokenColumns(vocabulary.sorted_bytes, vocabulary.sorted_ids, vocabulary.width)
+        self._all = self._columns.subset(vocabulary.sorted_ids)
+        string_rest, string_ids, self._string_content = vocabulary.subset(_is_string_content)
         # the tokens that are not plain string content, by whether they can close a string
-        unclosing = [i for i, data in enumerate(self._string[0]) if b'"' not in data]
-        closing = [i for i, data in enumerate(self._string[0]) if b'"' in data]
-        self._unclosing = ([self._string[0][i] for i in unclosing], self._string[1][unclosing])
-        self._closing = ([self._string[0][i] for i in closing], self._string[1][closing])
+        self._unclosing = self._split(string_rest, string_ids, quoted=False)
+        self._closing = self._split(string_rest, string_ids, quoted=True)
         # every token, by whether it holds a quote: a patterned string's frame alone reads the others
-        quoted = np.array([b'"' in data for data in vocabulary.sorted_bytes], bool)
-        self._quoted = ([d for d, q in zip(vocabulary.sorted_bytes, quoted, strict=True) if q],
-                        vocabulary.sorted_ids[quoted])
-        self._unquoted = ([d for d, q in zip(vocabulary.sorted_bytes, quoted, strict=True) if not q],
-                          vocabulary.sorted_ids[~quoted])
+        self._quoted = self._split(vocabulary.sorted_bytes, vocabulary.sorted_ids, quoted=True)
+        self._unquoted = self._split(vocabulary.sorted_bytes, vocabulary.sorted_ids, quoted=False)
         self._inside: OrderedDict[tuple[str, tuple], np.ndarray] = OrderedDict()  # per string frame
         # characters per string-content token, for strings whose length the schema bounds
         self._chars = np.zeros(vocabulary.width, np.int64)
         for data, token_id in zip(vocabulary.sorted_bytes, vocabulary.sorted_ids.tolist(), strict=True):
             self._chars[token_id] = sum(1 for byte in data if not 0x80 <= byte <= 0xBF)
-        self._text: dict[tuple[bytes, int], tuple[list[bytes], np.ndarray, np.ndarray]] = {}
+        self._text: dict[tuple[bytes, int], tuple[TokenSubset, np.ndarray]] = {}
         self._masks: OrderedDict[tuple[str, tuple], np.ndarray] = OrderedDict()
         self._transitions: dict[tuple[str, State, int], State] = {}
+        self._tables: OrderedDict[str, Transitions] = OrderedDict()  # per grammar, for the masks
+
+    def _split(self, token_bytes: list[bytes], ids: np.ndarray, quoted: bool) -> TokenSubset:
+        """The tokens of a subset with a quote in them (or without)."""
+        keep = [i for i, data in enumerate(token_bytes) if (b'"' in data) == quoted]
+        return self._columns.subset(ids[keep])
 
     def allowed(self, grammar: Grammar, state: State) -> np.ndarray:
         """Packed bits, uint8 [ceil(width / 8)]: the tokens allowed next from `state`."""
@@ -164,68 +169,59 @@ class TokenMasks:
     def _compute(self, grammar: Grammar, stack: tuple) -> np.ndarray:
         top = stack[-1] if stack else None
         if top is not None and top[0] == STRING and top[3] == 0 and top[4] == 0:
-            mask = self._string[2].copy()
+            mask = self._string_content.copy()
             node = grammar.nodes[top[1]] if top[1] >= 0 else None
             if node is not None and node.tracks_length and node.high >= 0:
                 mask &= self._chars <= node.high - top[2]
             mask[self._inside_ids(grammar, top, self._unclosing)] = True
-            rest_bytes, rest_ids = self._closing
+            rest = self._closing
         elif top is not None and top[0] == PATTERN and top[4] and not top[3] and len(stack) > 1:
             # a patterned JSON string: only a quote can end it, so the tokens without one depend on
             # its frame alone
             mask = np.zeros(self.vocabulary.width, bool)
             mask[self._inside_ids(grammar, top, self._unquoted)] = True
-            rest_bytes, rest_ids = self._quoted
+            rest = self._quoted
         elif top is not None and top[0] == TEXT and top[1][0] not in top[1][1:]:
-            rest_bytes, rest_ids, plain = self._text_subset(top[1], top[2])
+            rest, plain = self._text_subset(top[1], top[2])
             mask = plain.copy()
         else:
-            rest_bytes, rest_ids = self.vocabulary.sorted_bytes, self.vocabulary.sorted_ids
+            rest = self._all
             mask = np.zeros(self.vocabulary.width, bool)
-        found: list[int] = []
-        self._walk(grammar, rest_bytes, 0, len(rest_bytes), 0, frozenset((stack,)), found)
-        mask[rest_ids[found]] = True
+        mask[self._accepted(grammar, frozenset((stack,)), rest)] = True
         return mask
 
-    def _inside_ids(self, grammar: Grammar, top: tuple, subset: tuple[list[bytes], np.ndarray]) -> np.ndarray:
+    def _inside_ids(self, grammar: Grammar, top: tuple, subset: TokenSubset) -> np.ndarray:
         """Ids of the tokens of `subset` (none with a quote) that the string frame `top` accepts
         without closing: what follows the string does not matter to them."""
         key = (grammar.key, top)
         ids = self._inside.get(key)
         if ids is None:
-            tokens, token_ids = subset
-            found: list[int] = []
-            self._walk(grammar, tokens, 0, len(tokens), 0, frozenset([(top,)]), found)
-            ids = self._inside[key] = token_ids[found]
+            ids = self._inside[key] = self._accepted(grammar, frozenset([(top,)]), subset)
             if len(self._inside) > _CACHED_STACKS:
                 self._inside.popitem(last=False)
         return ids
 
-    def _text_subset(self, terminator: bytes, matched: int) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    def _text_subset(self, terminator: bytes, matched: int) -> tuple[TokenSubset, np.ndarray]:
         """Tokens that leave free text `matched` bytes into its terminator back at no match (no
         byte of them starts the terminator, and the first does not go on with it; valid for
-        terminators whose first byte does not recur), and the others."""
+        terminators whose first byte does not recur): the others, and a mask of these."""
         key = (terminator, matched)
         if key not in self._text:
             first, going_on = terminator[0], terminator[matched] if matched else -1
-            self._text[key] = self.vocabulary.subset(lambda data: first not in data and data[0] != going_on)
+            rest_bytes, rest_ids, plain = self.vocabulary.subset(
+                lambda data: first not in data and data[0] != going_on)
+            self._text[key] = (self._columns.subset(rest_ids), plain)
         return self._text[key]
 
-    def _walk(self, grammar: Grammar, tokens: list[bytes], lo: int, hi: int, depth: int, state: State,
-              found: list[int]) -> None:
-        """Append to `found` the positions in tokens[lo:hi] (which share their first `depth` bytes,
-        read into `state`) of the tokens whose remaining bytes `state` accepts."""
-        while lo < hi and len(tokens[lo]) == depth:
-            found.append(lo)
-            lo += 1
-        while lo < hi:
-            token = tokens[lo]
-            byte = token[depth]
-            end = hi if byte == 0xFF else bisect_left(tokens, token[:depth] + bytes((byte + 1,)), lo, hi)
-            after = self._step(grammar, state, byte)
-            if after:
-                self._walk(grammar, tokens, lo, end, depth + 1, after, found)
-            lo = end
+    def _accepted(self, grammar: Grammar, state: State, tokens: TokenSubset) -> np.ndarray:
+        """Ids of the tokens of `tokens` whose every byte `state` accepts."""
+        table = self._tables.get(grammar.key)
+        if table is None:
+            table = self._tables[grammar.key] = Transitions(grammar.automaton.advance, capacity=2048)
+            if len(self._tables) > _CACHED_TABLES:
+                self._tables.popitem(last=False)
+        self._tables.move_to_end(grammar.key)
+        return self._columns.accepted(state, tokens, table)
 
     def _step(self, grammar: Grammar, state: State, byte: int) -> State:
         key = (grammar.key, state, byte)
