@@ -14,7 +14,10 @@ from typing import Any
 
 from api.body_fields import BodyFields, describe
 from api.errors import invalid
+from core.tokenizer.chat_template import continued_reply
+from core.tokenizer.chat_template import parse_messages as parse_template_messages
 from ipc.messages import ChatTurn, ToolCallTurn
+from procs.prompt_checks import template_message
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 _MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning_content", "tool_call_id", "tool_calls"})
@@ -128,3 +131,10 @@ def parse_continue_final_message(fields: BodyFields, turns: list[ChatTurn],
         raise invalid("messages", f"continue_final_message needs the last message to be the assistant's, "
                       f"got role {turns[-1].role!r}")
     return True
+
+
+
+def continued_answer(turn: ChatTurn) -> str:
+    """What a final assistant turn left open has written of the reply, as the chat template shows it
+    (its answer after the reasoning block, then its calls)."""
+    return continued_reply(parse_template_messages([template_message(turn)])[0])

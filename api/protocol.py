@@ -52,7 +52,12 @@ import numpy as np
 import orjson
 
 from api.body_fields import BodyFields, check_unknown, describe, is_int, is_token_id, require_noop
-from api.chat_messages import parse_continue_final_message, parse_messages, parse_template_kwargs
+from api.chat_messages import (
+    continued_answer,
+    parse_continue_final_message,
+    parse_messages,
+    parse_template_kwargs,
+)
 from api.errors import ApiError, invalid
 from api.structured_fields import STRUCTURED_FIELDS, parse_structured_output
 from api.tool_fields import ToolSettings, parse_tool_fields
@@ -179,8 +184,10 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
     add_generation_prompt = fields.bool("add_generation_prompt", True)
     continue_final = parse_continue_final_message(fields, messages, add_generation_prompt)
     tool_settings = parse_tool_fields(fields)
-    structured_output = parse_structured_output(fields, reasoning=enable_thinking,
-                                                tools=tool_settings)
+    # A continued final message has its reasoning block closed already: the form applies to its answer.
+    structured_output = parse_structured_output(
+        fields, reasoning=enable_thinking and not continue_final, tools=tool_settings,
+        written=continued_answer(messages[-1]) if continue_final else "")
     want_logprobs = fields.bool("logprobs", False)
     top_logprobs = fields.int("top_logprobs", 0, model.max_logprobs)
     if top_logprobs and not want_logprobs:

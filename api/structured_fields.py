@@ -7,7 +7,9 @@ vLLM's `guided_json` / `guided_choice` / `guided_regex` (and their newer `struct
 `.choice` / `.regex`) all
 become a spec of core/structured/specs.py that SamplingParams carries to the sampler, which masks
 every token the output's grammar does not allow next (core/structured/token_masks.py). In a chat
-with thinking on, the output may begin with a `<think>` block, the form applying after it.
+with thinking on, the output may begin with a `<think>` block, the form applying after it; a chat
+whose final assistant message is continued (`continue_final_message`) has its reply begun already,
+so the form applies from that message's answer on (a 400 where the form cannot begin so).
 
 A request gives at most one of them. Schemas and patterns the grammar cannot enforce, and grammars,
 are refused with a 400 naming the field and the keyword, never served unconstrained.
@@ -23,7 +25,14 @@ from api.body_fields import BodyFields, describe
 from api.errors import invalid
 from api.tool_fields import MAX_TOOLS, ToolSettings
 from core.structured.grammar import GrammarError, compile_spec
-from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, regex_spec, tool_calls_spec
+from core.structured.specs import (
+    choice_spec,
+    continued_spec,
+    json_object_spec,
+    json_schema_spec,
+    regex_spec,
+    tool_calls_spec,
+)
 
 MAX_SCHEMA_DEPTH = 64  # nesting of objects and arrays in a schema's JSON
 STRUCTURED_FIELDS = frozenset({"response_format", "guided_json", "guided_choice", "guided_regex",
@@ -31,8 +40,11 @@ STRUCTURED_FIELDS = frozenset({"response_format", "guided_json", "guided_choice"
 _UNSUPPORTED = {"guided_grammar": "grammars"}
 
 
-def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSettings | None = None) -> str:
-    """The spec the request's output must follow, "" for free text; ApiError names a bad field."""
+def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSettings | None = None,
+                            written: str = "") -> str:
+    """The spec the request's output must follow, "" for free text; ApiError names a bad field.
+    `written`: the reply's text so far (a final assistant message continued), which the output's
+    form must allow as its beginning."""
     specs: list[tuple[str, str]] = []  # (field, spec)
     response_format = fields.get("response_format")
     if response_format is not None:
@@ -83,6 +95,12 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
         compile_spec(spec)
     except GrammarError as e:
         raise invalid(field, f"'{field}' cannot be enforced: {e}") from None
+    if written:
+        spec = continued_spec(spec, written)
+        try:
+            compile_spec(spec)
+        except GrammarError as e:
+            raise invalid("messages", f"continue_final_message with '{field}': {e}") from None
     return spec
 
 

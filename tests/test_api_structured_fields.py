@@ -10,6 +10,7 @@ import pytest
 from api.errors import ApiError
 from api.protocol import ServedModel, parse_chat_request, parse_completion_request
 from core.config import QWEN3_GENERATION_DEFAULTS
+from core.structured.grammar import compile_spec
 
 MODEL = ServedModel("qwen3-tiny", 4096, QWEN3_GENERATION_DEFAULTS)
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
@@ -124,3 +125,25 @@ def test_a_schema_nested_too_deep_is_refused_before_it_is_compiled():
 def test_a_guided_choice_that_is_not_a_list_is_refused_on_completions():
     error = refusal(parse_completion_request, guided_choice="yes")
     assert error.param == "guided_choice"
+
+
+def test_a_continued_final_message_is_the_beginning_the_form_must_allow():
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": '{"a": "x', "reasoning_content": "thought"}]
+    body = {"messages": messages, "continue_final_message": True, "add_generation_prompt": False,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}
+    spec = json.loads(parse_chat_request(body, MODEL, "r").requests[0].params.structured_output)
+    # the reasoning block is closed in the prompt already: no `<think>` may come first
+    assert spec == {"type": "json_schema", "schema": SCHEMA, "written": '{"a": "x'}
+    grammar = compile_spec(json.dumps(spec))
+    ended = grammar.automaton.advance_bytes(grammar.initial, b'"}')  # the string closes, the object ends
+    assert ended and grammar.automaton.can_end(ended)
+    assert not grammar.automaton.advance_bytes(grammar.initial, b'"]')
+    with pytest.raises(ApiError) as info:
+        parse_chat_request({**body, "messages": [messages[0], {"role": "assistant", "content": "Sure! "}]},
+                           MODEL, "r")
+    assert info.value.status == 400 and info.value.param == "messages"
+    assert "continue_final_message" in info.value.message and "'Sure! '" in info.value.message
+    # without a form, a continued message is free text as before
+    free = parse_chat_request({**body, "response_format": None}, MODEL, "r")
+    assert not free.requests[0].params.structured_output

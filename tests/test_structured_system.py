@@ -175,3 +175,24 @@ def test_guided_regex_and_a_schema_pattern(tp2):
         model="tiny", messages=USER, max_tokens=200, temperature=0, extra_body=NO_THINKING,
         response_format={"type": "json_schema", "json_schema": {"name": "coded", "schema": coded}})
     assert conforms(json.loads(reply.choices[0].message.content), coded), reply.choices[0].message.content
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"seed": 5}], ids=["greedy", "seeded"])
+def test_a_continued_final_message_and_its_continuation_make_one_conforming_reply(tp2, sampling):
+    client, _ = tp2
+    written = '{"name": "Ada'
+    reply = client.chat.completions.create(
+        model="tiny", messages=[*USER, {"role": "assistant", "content": written}], max_tokens=300,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+        extra_body={"continue_final_message": True, "add_generation_prompt": False}, **sampling)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop", choice
+    whole = written + choice.message.content
+    assert conforms(json.loads(whole), PERSON), whole
+    assert json.loads(whole)["name"].startswith("Ada")
+    with pytest.raises(openai.BadRequestError) as info:  # a beginning the schema cannot have
+        client.chat.completions.create(
+            model="tiny", messages=[*USER, {"role": "assistant", "content": '{"age": 3'}], max_tokens=10,
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+            extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert "continue_final_message" in str(info.value)

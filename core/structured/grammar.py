@@ -126,7 +126,20 @@ def _compile(spec: str) -> Grammar:
     starts = {stack}
     if parsed.get("reasoning"):
         starts.add(stack + ((TEXT, THINK_CLOSE, 0), (LITERAL, (THINK_OPEN,), 0)))
-    return Grammar(spec, builder.nodes, frozenset(starts), builder.regexes)
+    grammar = Grammar(spec, builder.nodes, frozenset(starts), builder.regexes)
+    written = parsed.get("written", "")
+    if not isinstance(written, str):
+        raise GrammarError("written must be a string (the reply's text so far)")
+    if written:
+        grammar.initial = grammar.automaton.advance_bytes(grammar.initial, written.encode())
+        if not grammar.initial:
+            raise GrammarError(f"the reply so far ({_excerpt(written)}) is not the beginning of an output "
+                               "this structured output allows")
+    return grammar
+
+
+def _excerpt(text: str, most: int = 40) -> str:
+    return repr(text if len(text) <= most else text[: most // 2] + "..." + text[-most // 2:])
 
 
 def _max_calls(parsed: dict) -> int:

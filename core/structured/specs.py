@@ -42,3 +42,9 @@ def tool_calls_spec(tools: Sequence[dict[str, Any]], max_calls: int = 1, reasoni
     """1..max_calls Qwen3 tool-call blocks; `tools` as {"name": ..., "parameters": {...}}."""
     return _spec(type="tool_calls", tools=[{"name": t["name"], "parameters": t.get("parameters")}
                                            for t in tools], max_calls=max_calls, reasoning=reasoning or None)
+
+
+def continued_spec(spec: str, written: str) -> str:
+    """`spec` for a reply that already begins with `written` (a final assistant message the model
+    continues): the grammar reads it before the first generated token."""
+    return _spec(**json.loads(spec), written=written or None)

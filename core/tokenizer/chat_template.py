@@ -157,15 +157,26 @@ def split_reasoning(message: ChatMessage) -> tuple[str, str]:
 def _render_assistant(message: ChatMessage, keep_reasoning: bool, is_last: bool) -> str:
     reasoning, answer = split_reasoning(message)
     if keep_reasoning and (is_last or reasoning):
-        reasoning, shown = reasoning.strip("\n"), answer.lstrip("\n")
-        body = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{shown}"
+        reasoning = reasoning.strip("\n")
+        body = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n" + _reply(message, answer, answer.lstrip("\n"))
     else:
-        body = answer
+        body = _reply(message, answer, answer)
+    return f"<|im_start|>assistant\n{body}{_END_OF_TURN}"
+
+
+def _reply(message: ChatMessage, answer: str, shown: str) -> str:
+    """An assistant turn's answer as shown, then its function calls."""
     calls = [f'{TOOL_CALL_OPEN}\n{{"name": "{name}", "arguments": {arguments}}}\n{TOOL_CALL_CLOSE}'
              for name, arguments in message.tool_calls]
-    if calls:
-        body += ("\n" if answer else "") + "\n".join(calls)
-    return f"<|im_start|>assistant\n{body}{_END_OF_TURN}"
+    return shown + ("\n" if answer else "") + "\n".join(calls) if calls else shown
+
+
+def continued_reply(message: ChatMessage) -> str:
+    """What a final assistant message left open (`continue_final_message`) has written of the reply,
+    after its reasoning block: the text the model goes on from, which a structured output's grammar
+    must read first."""
+    answer = split_reasoning(message)[1]
+    return _reply(message, answer, answer.lstrip("\n"))
 
 
 def _render_tools(tools: Sequence[Mapping], chat: Sequence[ChatMessage]) -> str:
