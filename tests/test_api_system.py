@@ -275,6 +275,20 @@ def test_logit_bias_steers_the_real_sampler_and_an_unknown_token_is_refused(syst
     assert banned.token_ids[0] != plain.token_ids[0] and sampled.token_ids == [1000] * 4
 
 
+def test_min_tokens_keeps_the_end_token_from_being_drawn_until_they_are_out(system):
+    port, _ = system
+    eos = load_tokenizer(None).eos_token_ids[0]
+    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0,
+            "logit_bias": {str(eos): 100}, "skip_special_tokens": False}
+    ended = post(port, "/v1/completions", body).json()
+    assert ended["usage"]["completion_tokens"] == 1 and ended["choices"][0]["finish_reason"] == "stop"
+    held = post(port, "/v1/completions", {**body, "min_tokens": 3}).json()
+    # three tokens of text, none of them the end token the bias favours, then the end
+    assert held["usage"]["completion_tokens"] == 4 and held["choices"][0]["finish_reason"] == "stop"
+    end = load_tokenizer(None).decode([eos])
+    assert end not in held["choices"][0]["text"].removesuffix(end)
+
+
 def test_the_openai_client_sends_logit_bias_and_continue_final_message_unmodified(system):
     openai = pytest.importorskip("openai")
     port, _ = system

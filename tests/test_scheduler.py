@@ -23,6 +23,7 @@ from core.plan import StepPlan, StepResult
 from core.sampling_params import SamplingParams
 from core.scheduling.request import Request, RequestStatus, TokenDelta
 from core.scheduling.scheduler import RequestRejectedError, Scheduler, SchedulerError
+from core.structured.specs import choice_spec
 
 EOS = 7
 VOCAB = 50
@@ -544,6 +545,32 @@ def test_stop_rules(params, script, tokens, reason, stop_reason):
     assert outputs[-1].finished and [o.finished for o in outputs].count(True) == 1
     assert (outputs[-1].finish_reason, outputs[-1].stop_reason) == (reason, stop_reason)
     assert_balanced(scheduler)
+
+
+def test_min_tokens_bans_the_stop_tokens_in_the_plan_until_they_are_out():
+    scheduler, _ = make_scheduler()
+    add(scheduler, "r", [1, 2, 3], min_tokens=2, max_tokens=5, stop_token_ids=(11,),
+        logit_bias=((7, 2.0),))
+    add(scheduler, "free", [4, 5, 6], max_tokens=5)
+    banned = []
+    for _ in range(4):
+        plan = scheduler.schedule()
+        row = plan.bias_ids[plan.bias_start[0]:plan.bias_start[1]].tolist()
+        values = plan.bias_values[plan.bias_start[0]:plan.bias_start[1]].tolist()
+        assert (row[0], values[0]) == (7, 2.0)  # its own bias, every step
+        banned.append(dict(zip(row[1:], values[1:], strict=True)))
+        assert plan.bias_start[2] == plan.bias_start[1]  # the other request: nothing
+        scheduler.update(plan, StepResult(plan.step_id, 0, np.full(plan.num_reqs, 1, np.int32)))
+    assert banned[:2] == [{EOS: -np.inf, 11: -np.inf}] * 2 and banned[2:] == [{}, {}]
+
+
+def test_a_structured_output_ends_at_its_end_token_before_min_tokens():
+    scheduler, _ = make_scheduler()
+    add(scheduler, "r", [1, 2, 3], min_tokens=4, structured_output=choice_spec(["a"]))
+    plan = scheduler.schedule()
+    assert not len(plan.bias_ids)  # no ban: the grammar allows only the end once its form is done
+    outputs = scheduler.update(plan, StepResult(plan.step_id, 0, np.full(plan.num_reqs, EOS, np.int32)))
+    assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
 
 
 def test_max_model_len_ends_a_request_with_length():

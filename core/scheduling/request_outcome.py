@@ -15,10 +15,12 @@ from core.scheduling.request import Request, RequestStatus, TokenDelta
 
 def stop_status(request: Request, token: int, eos_token_ids: Set[int],
                 max_model_len: int) -> RequestStatus | None:
-    """Whether `token`, just appended, ends the request. A stop token counts only from min_tokens on."""
+    """Whether `token`, just appended, ends the request. A stop token counts only from min_tokens on
+    (the sampler does not draw one before: running_table.py), but a structured output ends where its
+    form lets it end: its grammar, not min_tokens, decides."""
     params = request.sampling_params
     num_output = request.num_tokens - request.prompt_len
-    if num_output >= params.min_tokens:
+    if num_output >= params.min_tokens or params.structured_output:
         if token in params.stop_token_ids:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED

@@ -9,6 +9,7 @@ runs; this module only lays the decision out as flat arrays.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,7 @@ class RunningTable:
     are added), so a step gathers them with one fancy index instead of a copy per request.
     """
 
-    def __init__(self, num_rows: int, max_pages_per_request: int) -> None:
+    def __init__(self, num_rows: int, max_pages_per_request: int, eos_token_ids: Iterable[int] = ()) -> None:
         self._free = list(range(num_rows - 1, -1, -1))  # pop() hands out row 0 first
         self.block_table = np.zeros((num_rows, max_pages_per_request), np.int32)  # 0 = padding
         self.sampling = np.zeros(num_rows, SAMPLING_DTYPE)  # one record of settings per row
@@ -47,6 +48,9 @@ class RunningTable:
         self.num_scoring_prompts = 0  # running requests that asked for prompt logprobs
         self.logit_bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (ids, biases), if any
         self.structured: dict[int, np.ndarray] = {}  # row -> its structured-output spec (UTF-8), if any
+        # row -> (min_tokens, the ids that would stop it): banned while fewer tokens are out, as vLLM does
+        self.min_tokens: dict[int, tuple[int, np.ndarray]] = {}
+        self._eos_token_ids = tuple(eos_token_ids)
 
     def assign(self, request: Request) -> None:
         row = request.row = self._free.pop()
@@ -57,8 +61,13 @@ class RunningTable:
         if request.sampling_params.logit_bias:
             ids, biases = zip(*request.sampling_params.logit_bias, strict=True)
             self.logit_bias[row] = (np.array(ids, np.int32), np.array(biases, np.float32))
-        if request.sampling_params.structured_output:
-            self.structured[row] = np.frombuffer(request.sampling_params.structured_output.encode(), np.uint8)
+        params = request.sampling_params
+        if params.structured_output:
+            self.structured[row] = np.frombuffer(params.structured_output.encode(), np.uint8)
+        elif params.min_tokens:  # a structured output ends where its form does (request_outcome.py)
+            stops = {*params.stop_token_ids, *(() if params.ignore_eos else self._eos_token_ids)}
+            if stops:
+                self.min_tokens[row] = (params.min_tokens, np.array(sorted(stops), np.int32))
 
     def add_pages(self, request: Request, pages: list[int]) -> None:
         start = len(request.pages)
@@ -76,6 +85,7 @@ class RunningTable:
         self.num_scoring_prompts -= request.prompt_scores is not None
         self.logit_bias.pop(request.row, None)
         self.structured.pop(request.row, None)
+        self.min_tokens.pop(request.row, None)
         request.row = None
 
     # --- the plan gathered from the table_rows ----------------------------------------------------------
@@ -113,20 +123,28 @@ class RunningTable:
             sampling=np.take(self.sampling, table_rows), output_pos=num_tokens - prompt_len,
             input_ids=input_ids, positions=positions, kv_index=kv_index, prev_row=prev_row, **history,
             **(prompt_columns(scheduled, seq_lens) if self.num_scoring_prompts else {}),
-            **(self._logit_bias(table_rows, logits_index >= 0) if self.logit_bias else {}),
+            **(self._logit_bias(table_rows, logits_index >= 0, num_tokens - prompt_len)
+               if self.logit_bias or self.min_tokens else {}),
             **(self._structured(table_rows, logits_index >= 0) if self.structured else {}),
         )
 
-    def _logit_bias(self, table_rows: np.ndarray, sampling: np.ndarray) -> dict[str, np.ndarray]:
-        """The logit bias of the requests that sample this step and have one; empty ranges for the others."""
+    def _logit_bias(self, table_rows: np.ndarray, sampling: np.ndarray,
+                    output_pos: np.ndarray) -> dict[str, np.ndarray]:
+        """The logit bias of the requests that sample this step and have one (their own, and -inf on
+        their stop tokens while min_tokens are not out yet); empty ranges for the others."""
         lengths = np.zeros(len(table_rows), np.int32)
         ids, biases = [], []
-        biased = sampling & np.isin(table_rows, np.fromiter(self.logit_bias, np.int32, len(self.logit_bias)))
-        for index in np.flatnonzero(biased).tolist():  # the biased rows only
-            entry = self.logit_bias[int(table_rows[index])]
-            lengths[index] = len(entry[0])
-            ids.append(entry[0])
-            biases.append(entry[1])
+        candidates = np.fromiter((*self.logit_bias, *self.min_tokens), np.int32)
+        for index in np.flatnonzero(sampling & np.isin(table_rows, candidates)).tolist():  # those rows only
+            row = int(table_rows[index])
+            entries = [self.logit_bias[row]] if row in self.logit_bias else []
+            if row in self.min_tokens and output_pos[index] < self.min_tokens[row][0]:
+                stops = self.min_tokens[row][1]
+                entries.append((stops, np.full(len(stops), -np.inf, np.float32)))
+            for entry in entries:
+                lengths[index] += len(entry[0])
+                ids.append(entry[0])
+                biases.append(entry[1])
         bias_start = np.zeros(len(table_rows) + 1, np.int32)
         np.cumsum(lengths, out=bias_start[1:])
         return {"bias_start": bias_start,

@@ -14,10 +14,9 @@ the NEWEST running request is preempted by recompute: its written pages go to th
 it returns to the front of the waiting queue with nothing computed, and its recompute mostly hits
 the cache. The oldest running request is never preempted, so the batch always makes progress.
 
-Admission rejects (RequestRejectedError) what could never run (core/scheduling/admission.py says what).
-Without chunked prefill a prompt runs whole, waiting for a step with room;
-only a recompute longer than a whole step (prompt + output after a preemption) is chunked anyway.
-long_prefill_token_threshold caps a chunk only when chunked prefill is on.
+Admission rejects (RequestRejectedError) what could never run (core/scheduling/admission.py says
+what). Without chunked prefill a prompt runs whole when a step has room (a recompute longer than a
+step is chunked anyway); long_prefill_token_threshold caps a chunk only with chunked prefill on.
 
 `update()` takes the executor's StepResult and returns a TokenDelta per sampled token; requests
 that end outside a step (aborts) are returned by the next `update()` or by `drain_outputs()`.
@@ -87,7 +86,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the newest is last
         self._requests: dict[str, Request] = {}  # every unfinished request
-        self._running = RunningTable(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size))
+        self._running = RunningTable(scheduler_config.max_num_seqs, -(-max_model_len // self.block_size),
+                                     self.eos_token_ids)
         self._pages = RequestPages(self.pool, self.cache, self._running, self.block_size)
         self._prefix_keys = prompt_prefix_keys(self.block_size)
         self._rng = np.random.default_rng(seed)
