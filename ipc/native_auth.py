@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
 PLAIN_USER = "cadence"
+_ZAP_BIND_WAIT_S = 5.0
 _WATCH_IDS = itertools.count()
 _REFUSALS = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused the API key",
@@ -34,8 +36,20 @@ def start_key_check(api_key: str, context: zmq.Context | None = None) -> ThreadA
     """Start the ZAP handler that accepts PLAIN connections with `api_key`; stop() it at exit."""
     if not api_key:
         raise ValueError("the API key must not be empty")
-    auth = ThreadAuthenticator(context or zmq.Context.instance())
-    auth.start()
+    deadline = time.monotonic() + _ZAP_BIND_WAIT_S
+    while True:
+        auth = ThreadAuthenticator(context or zmq.Context.instance())
+        try:
+            auth.start()
+            break
+        except zmq.ZMQError as e:
+            # the context's ZAP endpoint: a handler stopped a moment ago still holds it until
+            # ZeroMQ's reaper has closed its socket
+            if auth.zap_socket is not None:
+                auth.zap_socket.close(0)
+            if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     auth.configure_plain(domain="*", passwords={PLAIN_USER: api_key})
     return auth
 

@@ -167,8 +167,8 @@ class FakeTokenizer:
     # --- the loop ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        key_check = start_key_check(self.api_key) if self.api_key is not None else None
         try:
+            key_check = start_key_check(self.api_key) if self.api_key is not None else None
             router = RouterChannel.bind(self.address, name="fake tokenizer",
                                         key_required=key_check is not None)
         except BaseException as e:
