@@ -83,11 +83,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--enforce-eager", action="store_true",
                        help="no CUDA graphs for decode steps (default: graphs on every GPU replica, TP "
                             "ranks included where their all-reduces can be captured)")
-    group.add_argument("--small-step-graphs", action="store_true",
+    group.add_argument("--small-step-graphs", action=argparse.BooleanOptionalAction, default=True,
                        help="replay the decode graphs for small steps with prompt tokens too (a short "
                             "or mostly cached prompt, with the decodes beside it), one graph row per "
-                            "token, instead of launching them eagerly (default: off; not yet measured "
-                            "on a GPU)")
+                            "token, instead of launching them eagerly (default: on)")
     group.add_argument("--disable-custom-all-reduce", action="store_true",
                        help="TP all-reduces all through NCCL, never the one-shot kernel over the peers' "
                             "memory that takes the small ones (default: the kernel where the GPUs can map "

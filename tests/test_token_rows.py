@@ -164,7 +164,7 @@ def test_placeholder_inputs_are_filled_into_their_token_rows():
 
 def test_steps_stay_eager_without_the_flag_past_the_ladder_or_the_bound_or_scoring_prompts(monkeypatch):
     plan = mixed_step()
-    off = make_runner()
+    off = make_runner(small_step_graphs=False)
     off.graphs = EagerGraphs(off, 64)
     warm_caches(off)
     off.graphs.plans.clear()
@@ -185,7 +185,8 @@ def test_steps_stay_eager_without_the_flag_past_the_ladder_or_the_bound_or_scori
     assert len(graphs.plans) == 1  # prompt scores come from the eager path
 
 
-@pytest.mark.parametrize("flag,expected", [([], False), (["--small-step-graphs"], True)])
+@pytest.mark.parametrize("flag,expected", [([], True), (["--small-step-graphs"], True),
+                                           (["--no-small-step-graphs"], False)])
 def test_the_flag_reaches_the_engine_config(flag, expected):
     from api import cli
     from procs.args import config_from_args
