@@ -4,7 +4,7 @@ OpenAI's `response_format` (`text`; `json_object`: any JSON object; `json_schema
 `json_schema.schema` accepts), a forced `tool_choice` ("required": one or more calls of the offered
 tools; a named function: calls of that one; with `parallel_tool_calls` false at most one call) and
 vLLM's `guided_json` / `guided_choice` / `guided_regex` (and their newer `structured_outputs.json` /
-`.choice` / `.regex`) all
+`.choice` / `.regex` / `.json_object`) all
 become a spec of core/structured/specs.py that SamplingParams carries to the sampler, which masks
 every token the output's grammar does not allow next (core/structured/token_masks.py). In a chat
 with thinking on, the output may begin with a `<think>` block, the form applying after it; a chat
@@ -62,11 +62,17 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
         if not isinstance(outputs, dict):
             raise invalid("structured_outputs",
                           f"'structured_outputs' must be an object, got {describe(outputs)}")
-        unknown = sorted(k for k, v in outputs.items() if v is not None and k not in guided)
+        unknown = sorted(k for k, v in outputs.items() if v is not None and k not in (*guided, "json_object"))
         if unknown:
             raise invalid("structured_outputs", f"structured_outputs.{unknown[0]} is not supported: this "
-                          "server constrains outputs to JSON schemas ('json'), choices ('choice') and "
-                          "regular expressions ('regex')")
+                          "server constrains outputs to JSON schemas ('json', 'json_object'), choices "
+                          "('choice') and regular expressions ('regex')")
+        json_object = outputs.get("json_object")
+        if json_object is not None and not isinstance(json_object, bool):
+            raise invalid("structured_outputs", "structured_outputs.json_object must be a boolean, got "
+                          f"{describe(json_object)}")
+        if json_object:
+            specs.append(("structured_outputs.json_object", json_object_spec(reasoning)))
         guided = {k: outputs.get(k) if outputs.get(k) is not None else v for k, v in guided.items()}
         names = {k: f"structured_outputs.{k}" for k in guided}
     else:

@@ -67,6 +67,8 @@ def test_vllm_guided_fields_and_structured_outputs():
     assert completion_spec(structured_outputs={"json": SCHEMA}) == {"type": "json_schema", "schema": SCHEMA}
     assert completion_spec(guided_regex="[0-9]+") == {"type": "regex", "pattern": "[0-9]+"}
     assert completion_spec(structured_outputs={"regex": "a|b"}) == {"type": "regex", "pattern": "a|b"}
+    assert completion_spec(structured_outputs={"json_object": True}) == {"type": "json_object"}
+    assert completion_spec(structured_outputs={"json_object": False}) is None
 
 
 def test_a_forced_tool_choice_becomes_tool_call_blocks():
@@ -98,6 +100,8 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
     ({"guided_regex": ""}, "guided_regex", "non-empty string"),
     ({"guided_grammar": "root ::= x"}, "guided_grammar", "grammars"),
     ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs", "structured_outputs.grammar"),
+    ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs", "must be a boolean"),
+    ({"structured_outputs": {"json_object": True, "regex": "a"}}, "structured_outputs.regex", "both constrain"),
     ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice", "both constrain"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
      "tool_choice", "both constrain"),
