@@ -69,6 +69,19 @@ def test_vllm_guided_fields_and_structured_outputs():
     assert completion_spec(structured_outputs={"regex": "a|b"}) == {"type": "regex", "pattern": "a|b"}
     assert completion_spec(structured_outputs={"json_object": True}) == {"type": "json_object"}
     assert completion_spec(structured_outputs={"json_object": False}) is None
+    assert completion_spec(structured_outputs={"json": SCHEMA, "disable_any_whitespace": True}) == {
+        "type": "json_schema", "schema": SCHEMA, "compact": True}
+
+
+def test_disable_any_whitespace_leaves_no_room_between_json_tokens():
+    spec = completion_spec(structured_outputs={"json_object": True, "disable_any_whitespace": True})
+    automaton = compile_spec(json.dumps(spec)).automaton
+    initial = compile_spec(json.dumps(spec)).initial
+    assert automaton.can_end(automaton.advance_bytes(initial, b'{"a":[1,"x y"],"b":{}}'))
+    for spaced in (b'{ "a":1}', b'{"a": 1}', b'{"a":1 }', b'{"a":[1, 2]}', b'\n{}'):
+        assert not automaton.advance_bytes(initial, spaced), spaced
+    loose = compile_spec(json.dumps({"type": "json_object"}))
+    assert loose.automaton.can_end(loose.automaton.advance_bytes(loose.initial, b'{"a": [1, 2]}'))
 
 
 def test_a_forced_tool_choice_becomes_tool_call_blocks():
@@ -101,6 +114,8 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
     ({"guided_grammar": "root ::= x"}, "guided_grammar", "grammars"),
     ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs", "structured_outputs.grammar"),
     ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs", "must be a boolean"),
+    ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": 1}}, "structured_outputs",
+     "disable_any_whitespace must be a boolean"),
     ({"structured_outputs": {"json_object": True, "regex": "a"}}, "structured_outputs.regex",
      "both constrain"),
     ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice", "both constrain"),

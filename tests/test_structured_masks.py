@@ -17,7 +17,14 @@ from benchmarks.lib.schema_check import conforms
 from core.execution.sampler import Sampler, SamplingTensors
 from core.execution.structured_rows import StructuredRows
 from core.structured.grammar import compile_spec
-from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, regex_spec, tool_calls_spec
+from core.structured.specs import (
+    choice_spec,
+    compact_spec,
+    json_object_spec,
+    json_schema_spec,
+    regex_spec,
+    tool_calls_spec,
+)
 from core.structured.token_columns import TokenColumns, Transitions
 from core.structured.token_masks import TokenMasks, Vocabulary, unpack
 from core.tokenizer.qwen_vocab import QwenVocabTokenizer
@@ -38,7 +45,8 @@ PATTERNED = {"type": "object", "properties": {"code": {"type": "string", "patter
                                              "word": {"pattern": "^[a-zé ]{1,8}$"}}, "required": ["code"]}
 SPECS = [json_schema_spec(SCHEMA), json_object_spec(), json_object_spec(reasoning=True),
          choice_spec(["positive", "negative", "neutral"]), tool_calls_spec([WEATHER], max_calls=2),
-         json_schema_spec(PATTERNED), regex_spec(r"(yes|no|maybe)(, [a-z]{1,6}){0,3}\.")]
+         json_schema_spec(PATTERNED), regex_spec(r"(yes|no|maybe)(, [a-z]{1,6}){0,3}\."),
+         compact_spec(json_schema_spec(SCHEMA))]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +92,7 @@ def draw(masks: TokenMasks, spec: str, rng: np.random.Generator, max_steps: int 
 
 
 @pytest.mark.parametrize("spec", SPECS,
-                         ids=["schema", "json_object", "reasoning", "choice", "tools", "pattern", "regex"])
+                         ids=["schema", "json_object", "reasoning", "choice", "tools", "pattern", "regex", "compact"])
 def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
     rng = np.random.default_rng(0)
     vocabulary = masks.vocabulary

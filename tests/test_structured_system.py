@@ -196,3 +196,14 @@ def test_a_continued_final_message_and_its_continuation_make_one_conforming_repl
             response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
             extra_body={"continue_final_message": True, "add_generation_prompt": False})
     assert "continue_final_message" in str(info.value)
+
+
+def test_disable_any_whitespace_gives_compact_json(tp2):
+    client, _ = tp2
+    reply = client.completions.create(
+        model="tiny", prompt="A person as JSON:", max_tokens=300, seed=4,
+        extra_body={"structured_outputs": {"json": PERSON, "disable_any_whitespace": True}})
+    text = reply.choices[0].text
+    assert reply.choices[0].finish_reason == "stop" and conforms(json.loads(text), PERSON), text
+    outside_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+    assert not re.search(r"\s", outside_strings), text

@@ -94,9 +94,10 @@ State = frozenset  # of stacks
 class Automaton:
     """Steps stacks of frames over one grammar's nodes, a byte at a time."""
 
-    def __init__(self, nodes: list[Node], regexes: Sequence[Regex] = ()) -> None:
+    def __init__(self, nodes: list[Node], regexes: Sequence[Regex] = (), compact: bool = False) -> None:
         self.nodes = nodes
         self.regexes = regexes
+        self.compact = compact  # no whitespace between JSON tokens (vLLM's disable_any_whitespace)
 
     def advance(self, state: State, byte: int) -> State:
         """The state after `byte`; empty when no stack accepts it."""
@@ -119,6 +120,9 @@ class Automaton:
         return any(self._ended(stack) for stack in state)
 
     # --- one stack, one byte ------------------------------------------------------------------------
+    def _gap(self, gap: int, c: int) -> int:
+        return -1 if self.compact else _space(gap, c)
+
     def step(self, stack: Stack, c: int) -> list[Stack]:
         if not stack:
             return []  # the document is complete: nothing may follow
@@ -128,7 +132,7 @@ class Automaton:
             return self._string(rest, top, c)
         if kind == VALUE:
             if c in WHITESPACE:
-                gap = _space(top[2], c)
+                gap = self._gap(top[2], c)
                 return [rest + ((VALUE, top[1], gap),)] if gap >= 0 else []
             return self.start_value(rest, top[1], c)
         if kind == OBJECT:
@@ -175,7 +179,7 @@ class Automaton:
         _, index, prop, phase, spaces = top
         node = self.nodes[index]
         if c in WHITESPACE:
-            gap = _space(spaces, c)
+            gap = self._gap(spaces, c)
             return [rest + ((OBJECT, index, prop, phase, gap),)] if gap >= 0 else []
         if phase == O_COLON:
             if c != 0x3A:
@@ -223,7 +227,7 @@ class Automaton:
         _, index, count, phase, spaces = top
         node = self.nodes[index]
         if c in WHITESPACE:
-            gap = _space(spaces, c)
+            gap = self._gap(spaces, c)
             return [rest + ((ARRAY, index, count, phase, gap),)] if gap >= 0 else []
         if phase == A_NEXT:
             if c == 0x5D:

@@ -74,10 +74,11 @@ def _dumps(value: object) -> bytes:
 class Grammar:
     """A compiled spec: the nodes, the automaton over them and the state an output starts in."""
 
-    def __init__(self, key: str, nodes: list[Node], initial: State, regexes: list[Regex]) -> None:
+    def __init__(self, key: str, nodes: list[Node], initial: State, regexes: list[Regex],
+                 compact: bool = False) -> None:
         self.key = key  # the spec string it was compiled from: what caches of its masks are keyed by
         self.nodes = nodes
-        self.automaton = Automaton(nodes, regexes)
+        self.automaton = Automaton(nodes, regexes, compact)
         self.initial = initial
 
 
@@ -126,7 +127,10 @@ def _compile(spec: str) -> Grammar:
     starts = {stack}
     if parsed.get("reasoning"):
         starts.add(stack + ((TEXT, THINK_CLOSE, 0), (LITERAL, (THINK_OPEN,), 0)))
-    grammar = Grammar(spec, builder.nodes, frozenset(starts), builder.regexes)
+    compact = parsed.get("compact", False)
+    if not isinstance(compact, bool):
+        raise GrammarError("compact must be a boolean")
+    grammar = Grammar(spec, builder.nodes, frozenset(starts), builder.regexes, compact)
     written = parsed.get("written", "")
     if not isinstance(written, str):
         raise GrammarError("written must be a string (the reply's text so far)")

@@ -48,3 +48,8 @@ def continued_spec(spec: str, written: str) -> str:
     """`spec` for a reply that already begins with `written` (a final assistant message the model
     continues): the grammar reads it before the first generated token."""
     return _spec(**json.loads(spec), written=written or None)
+
+
+def compact_spec(spec: str) -> str:
+    """`spec` with no whitespace between JSON tokens (vLLM's `disable_any_whitespace`)."""
+    return _spec(**json.loads(spec), compact=True)
