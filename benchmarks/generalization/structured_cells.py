@@ -5,6 +5,7 @@ blocks of the offered tool, one of the choices), whatever the model's weights.""
 from __future__ import annotations
 
 import json
+import re
 
 from api.generation import Generation
 from benchmarks.generalization.cell import Cell, CellContext
@@ -13,9 +14,10 @@ from benchmarks.lib.schema_check import conforms
 
 
 def structured_cell() -> Cell:
-    return Cell("structured outputs", "a JSON schema (greedy and seeded), tool calls and a choice, alone: "
-                "each ends by its grammar (finish stop) with an output its spec accepts; then at once with "
-                "free requests: the same outputs; the reference of the layouts' structured jobs", _structured)
+    return Cell("structured outputs", "a JSON schema (greedy and seeded), tool calls, a choice and compact "
+                "JSON, alone: each ends by its grammar (finish stop) with an output its spec accepts; then "
+                "at once with free requests: the same outputs; the reference of the layouts' structured "
+                "jobs", _structured)
 
 
 def structured_problem(job: Job, generation: Generation) -> str | None:
@@ -38,6 +40,8 @@ def structured_problem(job: Job, generation: Generation) -> str | None:
                                               and conforms(call["arguments"], schema) for call in calls)
     except (ValueError, KeyError, TypeError) as e:
         return f"{job.key}: {text[:120]!r} does not parse: {e}"
+    if ok and json.loads(job.params.structured_output).get("compact"):
+        ok = not any(c.isspace() for c in re.sub(r'"(?:[^"\\]|\\.)*"', '""', text))
     return None if ok else f"{job.key}: {text[:120]!r} is not what the spec asks for"
 
 
