@@ -46,6 +46,8 @@ def reference_cells(workload: Workload) -> list[Cell]:
              "the id, the tokens before it unchanged", _stop_token),
         Cell("max_tokens", "ignore_eos false: finish length with exactly max_tokens tokens, the greedy "
              "tokens of ignore_eos true", _max_tokens),
+        Cell("min_tokens", "the end token (and, with ignore_eos, a stop token id) favoured by a logit bias "
+             "of +100 and min_tokens 5: five other tokens, then that one, finish stop", _min_tokens),
         Cell("max_model_len", "prompt + max_tokens == max_model_len: finish length with exactly max_tokens; "
              "one more token is refused (field max_tokens), a max_model_len prompt too (field prompt)",
              _max_model_len),
@@ -347,6 +349,23 @@ def _max_tokens(ctx: CellContext) -> None:
         checks.expect(result.finish_reason == "stop" and stopped_there,
                       f"{job.key}: expected to stop at the EOS id at position {eos_at}, got finish "
                       f"{result.finish_reason!r} after {len(result.token_ids)} tokens")
+
+
+def _min_tokens(ctx: CellContext) -> None:
+    checks, workload = ctx.checks, ctx.workload
+    end, least = ctx.server.config.model.generation.eos_token_ids[0], 5
+    prompt = workload.by_length[workload.shape.block_size - 1]
+    stop_id = 7  # an ordinary token
+    jobs = [(Job("mintokens-eos", prompt, greedy(16, ignore_eos=False, min_tokens=least,
+                                                 logit_bias=((end, 100.0),))), end),
+            (Job("mintokens-stop-id", prompt, greedy(16, min_tokens=least, stop_token_ids=(stop_id,),
+                                                     logit_bias=((stop_id, 100.0),))), stop_id)]
+    results = ctx.server.run([job for job, _ in jobs])
+    for job, favoured in jobs:
+        ids, finish = results[job.key].token_ids, results[job.key].finish_reason
+        checks.expect(finish == "stop" and len(ids) == least + 1 and ids[-1] == favoured
+                      and favoured not in ids[:least],
+                      f"{job.key}: {finish!r} after {ids}, expected {least} other tokens then {favoured}")
 
 
 def _max_model_len(ctx: CellContext) -> None:
