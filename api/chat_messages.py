@@ -133,7 +133,6 @@ def parse_continue_final_message(fields: BodyFields, turns: list[ChatTurn],
     return True
 
 
-
 def continued_answer(turn: ChatTurn) -> str:
     """What a final assistant turn left open has written of the reply, as the chat template shows it
     (its answer after the reasoning block, then its calls)."""

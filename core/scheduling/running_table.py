@@ -53,15 +53,15 @@ class RunningTable:
         self._eos_token_ids = tuple(eos_token_ids)
 
     def assign(self, request: Request) -> None:
-        row = request.row = self._free.pop()
-        self.sampling[row] = sampling_row(request.sampling_params, request.seed)
-        self.needs_history[row] = request.sampling_params.needs_history
-        self.has_penalties[row] = request.sampling_params.has_penalties
+        row, params = self._free.pop(), request.sampling_params
+        request.row = row
+        self.sampling[row] = sampling_row(params, request.seed)
+        self.needs_history[row] = params.needs_history
+        self.has_penalties[row] = params.has_penalties
         self.num_scoring_prompts += request.prompt_scores is not None
-        if request.sampling_params.logit_bias:
-            ids, biases = zip(*request.sampling_params.logit_bias, strict=True)
+        if params.logit_bias:
+            ids, biases = zip(*params.logit_bias, strict=True)
             self.logit_bias[row] = (np.array(ids, np.int32), np.array(biases, np.float32))
-        params = request.sampling_params
         if params.structured_output:
             self.structured[row] = np.frombuffer(params.structured_output.encode(), np.uint8)
         elif params.min_tokens:  # a structured output ends where its form does (request_outcome.py)
