@@ -92,7 +92,8 @@ def draw(masks: TokenMasks, spec: str, rng: np.random.Generator, max_steps: int 
 
 
 @pytest.mark.parametrize("spec", SPECS,
-                         ids=["schema", "json_object", "reasoning", "choice", "tools", "pattern", "regex", "compact"])
+                         ids=["schema", "json_object", "reasoning", "choice", "tools", "pattern", "regex",
+                              "compact"])
 def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
     rng = np.random.default_rng(0)
     vocabulary = masks.vocabulary
