@@ -4,9 +4,10 @@ OpenAI's `response_format` (`text`; `json_object`: any JSON object; `json_schema
 `json_schema.schema` accepts), a forced `tool_choice` ("required": one or more calls of the offered
 tools; a named function: calls of that one; with `parallel_tool_calls` false at most one call) and
 vLLM's `guided_json` / `guided_choice` / `guided_regex` (and their newer `structured_outputs.json` /
-`.choice` / `.regex` / `.json_object`, and `.disable_any_whitespace`: no whitespace between JSON
-tokens) all become a spec of core/structured/specs.py that SamplingParams carries to the sampler, which masks
-every token the output's grammar does not allow next (core/structured/token_masks.py). In a chat
+`.choice` / `.regex` / `.json_object`; `.disable_any_whitespace`: no whitespace between JSON tokens;
+`.disable_additional_properties`: an object schema without additionalProperties takes no other keys)
+all become a spec of core/structured/specs.py that SamplingParams carries to the sampler, which
+masks every token the output's grammar does not allow next (core/structured/token_masks.py). In a chat
 with thinking on, the output may begin with a `<think>` block, the form applying after it; a chat
 whose final assistant message is continued (`continue_final_message`) has its reply begun already,
 so the form applies from that message's answer on (a 400 where the form cannot begin so).
@@ -27,6 +28,7 @@ from api.tool_fields import MAX_TOOLS, ToolSettings
 from core.structured.grammar import GrammarError, compile_spec
 from core.structured.specs import (
     choice_spec,
+    closed_objects_spec,
     compact_spec,
     continued_spec,
     json_object_spec,
@@ -59,23 +61,25 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
     guided = {"json": fields.get("guided_json"), "choice": fields.get("guided_choice"),
               "regex": fields.get("guided_regex")}
     outputs = fields.get("structured_outputs")
-    compact = False
+    compact = closed = False
     if outputs is not None:
         if not isinstance(outputs, dict):
             raise invalid("structured_outputs",
                           f"'structured_outputs' must be an object, got {describe(outputs)}")
-        known = (*guided, "json_object", "disable_any_whitespace")
+        known = (*guided, "json_object", "disable_any_whitespace", "disable_additional_properties")
         unknown = sorted(k for k, v in outputs.items() if v is not None and k not in known)
         if unknown:
             raise invalid("structured_outputs", f"structured_outputs.{unknown[0]} is not supported: this "
                           "server constrains outputs to JSON schemas ('json', 'json_object'), choices "
                           "('choice') and regular expressions ('regex'), with or without whitespace "
-                          "between JSON tokens ('disable_any_whitespace')")
-        for flag in ("json_object", "disable_any_whitespace"):
+                          "between JSON tokens ('disable_any_whitespace') and additional properties "
+                          "('disable_additional_properties')")
+        for flag in ("json_object", "disable_any_whitespace", "disable_additional_properties"):
             if outputs.get(flag) is not None and not isinstance(outputs[flag], bool):
                 raise invalid("structured_outputs", f"structured_outputs.{flag} must be a boolean, got "
                               f"{describe(outputs[flag])}")
         compact = bool(outputs.get("disable_any_whitespace"))
+        closed = bool(outputs.get("disable_additional_properties"))
         if outputs.get("json_object"):
             specs.append(("structured_outputs.json_object", json_object_spec(reasoning)))
         guided = {k: outputs.get(k) if outputs.get(k) is not None else v for k, v in guided.items()}
@@ -104,6 +108,8 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
     field, spec = specs[0]
     if compact:
         spec = compact_spec(spec)
+    if closed:
+        spec = closed_objects_spec(spec)
     try:
         compile_spec(spec)
     except GrammarError as e:

@@ -84,6 +84,25 @@ def test_disable_any_whitespace_leaves_no_room_between_json_tokens():
     assert loose.automaton.can_end(loose.automaton.advance_bytes(loose.initial, b'{"a": [1, 2]}'))
 
 
+def test_disable_additional_properties_closes_objects_that_do_not_say_otherwise():
+    schema = {"type": "object", "properties": {"meta": {"type": "object"},
+                                               "tags": {"type": "object", "additionalProperties": True}}}
+    spec = completion_spec(structured_outputs={"json": schema, "disable_additional_properties": True})
+    assert spec == {"type": "json_schema", "schema": schema, "closed_objects": True}
+    closed = compile_spec(json.dumps(spec))
+    opened = compile_spec(json.dumps({"type": "json_schema", "schema": schema}))
+    filled = b'{"meta": {"x": 1}'
+    empty = b'{"meta": {}, "tags": {"y": 2}}'
+    assert not closed.automaton.advance_bytes(closed.initial, filled)  # meta names no properties
+    assert opened.automaton.advance_bytes(opened.initial, filled)
+    # tags says additionalProperties true: it stays open
+    assert closed.automaton.can_end(closed.automaton.advance_bytes(closed.initial, empty))
+    json_mode = completion_spec(structured_outputs={"json_object": True,
+                                                    "disable_additional_properties": True})
+    mode = compile_spec(json.dumps(json_mode))
+    assert mode.automaton.advance_bytes(mode.initial, b'{"any": 1')  # JSON mode's objects stay open
+
+
 def test_a_forced_tool_choice_becomes_tool_call_blocks():
     required = chat_spec(tools=[WEATHER, CLOCK], tool_choice="required", **NO_THINKING)
     assert required["type"] == "tool_calls"
@@ -116,6 +135,8 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
     ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs", "must be a boolean"),
     ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": 1}}, "structured_outputs",
      "disable_any_whitespace must be a boolean"),
+    ({"structured_outputs": {"json": SCHEMA, "disable_additional_properties": "no"}}, "structured_outputs",
+     "disable_additional_properties must be a boolean"),
     ({"structured_outputs": {"json_object": True, "regex": "a"}}, "structured_outputs.regex",
      "both constrain"),
     ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice", "both constrain"),

@@ -17,8 +17,9 @@ of free text (a Qwen3 chat with thinking on), the structure applying after it.
 The schema subset (what `compile_spec` accepts; anything else is refused with the keyword and its
 place named, never silently dropped): `type` (one or a list), `properties` (generated in the
 schema's order; keys outside them are not generated), `required`, `additionalProperties` (used
-when there are no properties), `items`, `minItems`, `maxItems`, `minLength`, `maxLength`, `pattern`
-(core/structured/regex.py's subset; a string with a pattern holds no escapes), `enum`, `const`,
+when there are no properties; absent, any keys, none with the spec's "closed_objects"), `items`,
+`minItems`, `maxItems`, `minLength`, `maxLength`, `pattern` (core/structured/regex.py's subset; a
+string with a pattern holds no escapes), `enum`, `const`,
 `anyOf`, `oneOf` (generated as anyOf: a value may match two alternatives), a one-element
 `allOf`, and local `$ref`s into `$defs` or `definitions` (recursive ones too). Annotations
 (`title`, `description`, `default`, `examples`, ...) are ignored, and so is `format`, which is not
@@ -100,7 +101,10 @@ def _compile(spec: str) -> Grammar:
         raise GrammarError(f"the structured-output spec is not JSON: {e}") from None
     if not isinstance(parsed, dict):
         raise GrammarError("the structured-output spec must be a JSON object")
-    builder = _Builder(parsed.get("schema") if isinstance(parsed.get("schema"), dict) else {})
+    closed = parsed.get("closed_objects", False)
+    if not isinstance(closed, bool):
+        raise GrammarError("closed_objects must be a boolean")
+    builder = _Builder(parsed.get("schema") if isinstance(parsed.get("schema"), dict) else {}, closed)
     kind = parsed.get("type")
     if kind == "json_object":
         stack = ((VALUE, builder.object_of_any(), 0),)
@@ -156,8 +160,11 @@ def _max_calls(parsed: dict) -> int:
 class _Builder:
     """Turns schemas into nodes; `path` (a JSON-pointer-like place) goes into every error."""
 
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict, closed_objects: bool = False) -> None:
         self.root = root
+        # an object schema without additionalProperties takes no keys beyond its properties (vLLM's
+        # disable_additional_properties); JSON mode's objects stay open
+        self.closed_objects = closed_objects
         self.nodes: list[Node] = []
         self.regexes: list[Regex] = []
         self._refs: dict[str, int] = {}
@@ -291,7 +298,7 @@ class _Builder:
         if not properties:
             if required:
                 raise GrammarError(f"{path}.required names properties, but the object has none")
-            extra = schema.get("additionalProperties", True)
+            extra = schema.get("additionalProperties", not self.closed_objects)
             value = -1 if extra is False else self.node(extra, f"{path}.additionalProperties")
             return self.add(Node(N_OBJECT, extra=value))
         index = self.add(Node(N_OBJECT))  # reserved first: a property may refer back to it

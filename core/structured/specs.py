@@ -53,3 +53,9 @@ def continued_spec(spec: str, written: str) -> str:
 def compact_spec(spec: str) -> str:
     """`spec` with no whitespace between JSON tokens (vLLM's `disable_any_whitespace`)."""
     return _spec(**json.loads(spec), compact=True)
+
+
+def closed_objects_spec(spec: str) -> str:
+    """`spec` whose object schemas take no keys beyond their properties unless additionalProperties
+    says otherwise (vLLM's `disable_additional_properties`)."""
+    return _spec(**json.loads(spec), closed_objects=True)
