@@ -562,6 +562,7 @@ def test_min_tokens_bans_the_stop_tokens_in_the_plan_until_they_are_out():
         assert plan.bias_start[2] == plan.bias_start[1]  # the other request: nothing
         scheduler.update(plan, StepResult(plan.step_id, 0, np.full(plan.num_reqs, 1, np.int32)))
     assert banned[:2] == [{EOS: -np.inf, 11: -np.inf}] * 2 and banned[2:] == [{}, {}]
+    assert scheduler._running.min_tokens == {}  # past min_tokens the row no longer takes this path
 
 
 def test_a_structured_output_ends_at_its_end_token_before_min_tokens():

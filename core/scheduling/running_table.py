@@ -138,9 +138,12 @@ class RunningTable:
         for index in np.flatnonzero(sampling & np.isin(table_rows, candidates)).tolist():  # those rows only
             row = int(table_rows[index])
             entries = [self.logit_bias[row]] if row in self.logit_bias else []
-            if row in self.min_tokens and output_pos[index] < self.min_tokens[row][0]:
-                stops = self.min_tokens[row][1]
-                entries.append((stops, np.full(len(stops), -np.inf, np.float32)))
+            if row in self.min_tokens:
+                least, stops = self.min_tokens[row]
+                if output_pos[index] < least:
+                    entries.append((stops, np.full(len(stops), -np.inf, np.float32)))
+                elif output_pos[index] > least:  # out for good, even if the one in flight is voided
+                    del self.min_tokens[row]
             for entry in entries:
                 lengths[index] += len(entry[0])
                 ids.append(entry[0])
