@@ -1,0 +1,113 @@
+"""The FP8 decode GEMM of core/execution/model/fp8_decode_gemm.py (tensor cores, the weight as the
+dot's rows) against the torch definition of the format (core/execution/model/fp8_format.py), on the
+CPU through the Triton interpreter.
+
+It takes the activations as `quantize_activations` leaves them and sums the same products as
+`reference_matmul` per 128-column group in float32, so float32 outputs get the bound of
+tests/test_fp8_kernels.py: max |error| <= 1e-5 * max |reference| (K <= 1,000 here).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
+
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
+
+from core.execution.model import fp8_decode_gemm as decode_module  # noqa: E402
+from core.execution.model.fp8_decode_gemm import DECODE_MAX_M, DecodeTiles, decode_gemm, decode_tiles  # noqa: E402
+from core.execution.model.fp8_format import quantize_weight, reference_matmul  # noqa: E402
+from core.execution.model.fp8_kernels import quantize_activations  # noqa: E402
+
+INTERPRETED = is_interpreted(triton.language.zeros, decode_module._decode_gemm_kernel)
+GEMM_RELATIVE_TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _kernels_run_here_or_in_the_child(request):
+    skip_unless_interpreted(request, INTERPRETED)
+
+
+def test_kernels_in_a_fresh_interpreter():
+    run_in_fresh_interpreter(__file__, INTERPRETED)
+
+
+def inputs(m: int, n: int, k: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    x = 2.0 * torch.randn(m, k, generator=generator) * torch.logspace(-2, 1, k)  # groups of unlike ranges
+    weight, scale_inv = quantize_weight(0.05 * torch.randn(n, k, generator=generator))
+    return x, weight, scale_inv
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype,
+            tiles: DecodeTiles | None = None) -> torch.Tensor:
+    return decode_gemm(*quantize_activations(x), weight, scale_inv, out_dtype, tiles)
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("n,k", [(256, 512), (200, 384), (256, 200), (136, 1000)],
+                         ids=["256x512", "ragged-n", "ragged-k", "ragged-both"])
+def test_decode_gemm_equals_the_reference(m, n, k):
+    x, weight, scale_inv = inputs(m, n, k, seed=m + n + k)
+    out = product(x, weight, scale_inv, torch.float32)
+    assert out.shape == (m, n) and out.dtype == torch.float32
+    assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("tiles", [DecodeTiles(16, 1, 3, 4), DecodeTiles(32, 3, 2, 4),
+                                   DecodeTiles(128, 2, 1, 4), DecodeTiles(64, 8, 4, 2)], ids=str)
+@pytest.mark.parametrize("m", [1, 5])
+def test_every_tile_shape_and_split_gives_the_reference(tiles, m):
+    x, weight, scale_inv = inputs(m, 200, 1000, seed=13 * m + tiles.block_w)
+    out = product(x, weight, scale_inv, torch.float32, tiles)
+    assert out.shape == (m, 200)
+    assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
+
+
+def test_strided_rows_and_a_zero_group():
+    x, weight, scale_inv = inputs(3, 256, 384, seed=11)
+    wide = torch.zeros(3, 512)
+    wide[:, :384] = x
+    wide[1, 128:256] = 0.0  # a group of zeros: scale MIN_AMAX / 448, values zero
+    strided = wide[:, :384]
+    out = product(strided, weight, scale_inv, torch.float32)
+    expected = reference_matmul(strided.contiguous(), weight, scale_inv)
+    assert relative_error(out, expected) <= GEMM_RELATIVE_TOLERANCE
+
+
+def test_a_row_computes_the_same_alone_and_in_a_batch():
+    x, weight, scale_inv = inputs(12, 256, 512, seed=7)
+    batch = product(x, weight, scale_inv, torch.bfloat16)
+    for row in (0, 5, 11):
+        assert torch.equal(product(x[row:row + 1], weight, scale_inv, torch.bfloat16)[0], batch[row])
+
+
+def test_half_precision_output_is_the_float32_result_rounded_once():
+    # float16: the interpreter (triton 3.9) truncates float32 to bfloat16 where the GPU rounds
+    x, weight, scale_inv = inputs(2, 256, 256, seed=5)
+    full = product(x, weight, scale_inv, torch.float32)
+    half = product(x, weight, scale_inv, torch.float16)
+    assert half.dtype == torch.float16 and torch.equal(half, full.to(torch.float16))
+
+
+def test_tiles_do_not_depend_on_the_row_count_and_keep_the_sms_busy():
+    for n, k in [(7168, 5120), (5120, 5120), (34816, 5120), (5120, 17408), (2560, 5120), (5120, 8704)]:
+        tiles = decode_tiles(n, k, num_sms=132)
+        assert 128 % tiles.block_w == 0
+        programs = -(-n // tiles.block_w) * tiles.split_k
+        assert programs >= 132 or -(-k // 128) // tiles.split_k < 16, (n, k, tiles)
+
+
+def test_the_decode_gemm_is_for_a_decode_step():
+    x, weight, scale_inv = inputs(DECODE_MAX_M + 1, 128, 128, seed=3)
+    with pytest.raises(AssertionError, match="16 rows"):
+        product(x, weight, scale_inv, torch.float32)
