@@ -73,6 +73,14 @@ def test_every_tile_shape_and_split_gives_the_reference(tiles, m):
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
 
 
+@pytest.mark.parametrize("m", [1, 6])
+def test_quantizing_inside_gives_the_separate_quantizations_numbers(m):
+    x, weight, scale_inv = inputs(m, 256, 640, seed=17 * m)
+    for tiles in (DecodeTiles(32, 1, 3, 4), DecodeTiles(64, 2, 2, 4)):
+        fused = decode_gemm(x, None, weight, scale_inv, torch.float32, tiles)
+        assert torch.equal(fused, product(x, weight, scale_inv, torch.float32, tiles))
+
+
 def test_strided_rows_and_a_zero_group():
     x, weight, scale_inv = inputs(3, 256, 384, seed=11)
     wide = torch.zeros(3, 512)

@@ -128,6 +128,7 @@ def test_tensor_core_decode_gemm_at_qwen3_14b_shapes_equals_the_reference(name, 
     out = decode_gemm(q, scales, weight, scale_inv, torch.bfloat16)
     reference = reference_matmul(x.float(), weight, scale_inv)
     assert_gemm_close(out, reference)
+    assert torch.equal(decode_gemm(x, None, weight, scale_inv, torch.bfloat16), out)  # quantizing inside
     for tiles in (DecodeTiles(16, 1, 3, 4), DecodeTiles(64, 2, 5, 4), DecodeTiles(128, 4, 8, 8)):
         assert_gemm_close(decode_gemm(q, scales, weight, scale_inv, torch.bfloat16, tiles), reference)
 

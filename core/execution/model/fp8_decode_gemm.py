@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from core.execution.model.fp8_format import BLOCK
-from core.execution.model.fp8_kernels import num_sms_of, split_k_partials, sum_split_k
+from core.execution.model.fp8_format import BLOCK, FP8_MAX, MIN_AMAX
+from core.execution.model.fp8_kernels import _quantize_rows, num_sms_of, split_k_partials, sum_split_k
 
 DECODE_MAX_M = 16  # the dot's activation columns: every decode step up to this many rows
 
@@ -40,9 +40,12 @@ DECODE_MAX_M = 16  # the dot's activation columns: every decode step up to this 
 def _decode_gemm_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, steps_per_split, stride_xm, stride_xsm,
                         stride_xsg, stride_wn, stride_wsn, stride_wsk, stride_cs, stride_cm,
                         BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr, GROUP: tl.constexpr,
-                        EVEN: tl.constexpr, NUM_STAGES: tl.constexpr):
+                        EVEN: tl.constexpr, QUANTIZE_X: tl.constexpr, NUM_STAGES: tl.constexpr,
+                        FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
     """c[split, m, n] = this split's sum over K of dequantized w[n, k] times dequantized x_q[m, k].
-    EVEN: N a multiple of BLOCK_W and K of GROUP, so the weight loads need no mask."""
+    EVEN: N a multiple of BLOCK_W and K of GROUP, so the weight loads need no mask. QUANTIZE_X: xq
+    is the unquantized activations (xs unread), quantized here group by group as
+    `quantize_activations` would."""
     pid_w = tl.program_id(0)
     split = tl.program_id(1)
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
@@ -61,9 +64,15 @@ def _decode_gemm_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, steps_per
             w = tl.load(w_ptrs)  # [BLOCK_W, GROUP]
         else:
             w = tl.load(w_ptrs, mask=mask_w[:, None] & (k < K)[None, :], other=0.0)
-        x = tl.load(xq_ptr + offs_m[None, :] * stride_xm + k[:, None],
-                    mask=(k < K)[:, None] & mask_m[None, :], other=0.0)  # [GROUP, BLOCK_M]
-        x_scale = tl.load(xs_ptr + offs_m * stride_xsm + step * stride_xsg, mask=mask_m, other=0.0)
+        if QUANTIZE_X:
+            rows = tl.load(xq_ptr + offs_m[:, None] * stride_xm + k[None, :],
+                           mask=mask_m[:, None] & (k < K)[None, :], other=0.0)  # [BLOCK_M, GROUP]
+            x, x_scale = _quantize_rows(rows.to(tl.float32), FP8_MAX_, MIN_AMAX_)
+            x = tl.trans(x.to(w.dtype))
+        else:
+            x = tl.load(xq_ptr + offs_m[None, :] * stride_xm + k[:, None],
+                        mask=(k < K)[:, None] & mask_m[None, :], other=0.0)  # [GROUP, BLOCK_M]
+            x_scale = tl.load(xs_ptr + offs_m * stride_xsm + step * stride_xsg, mask=mask_m, other=0.0)
         w_scale = tl.load(ws_row + step * stride_wsk)
         acc += tl.dot(w, x) * (x_scale[None, :] * w_scale)
     c = c_ptr + split * stride_cs + offs_m[None, :] * stride_cm + offs_w[:, None]
@@ -89,11 +98,13 @@ def decode_tiles(n: int, k: int, num_sms: int = 132) -> DecodeTiles:
     return DecodeTiles(block_w, split_k, num_stages=4, num_warps=4)
 
 
-def decode_gemm(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
+def decode_gemm(x_q: torch.Tensor, x_scales: torch.Tensor | None, weight: torch.Tensor,
                 weight_scale_inv: torch.Tensor, out_dtype: torch.dtype,
                 tiles: DecodeTiles | None = None) -> torch.Tensor:
     """x_q fp8 [M, K] with scales [M, ceil(K/128)] times the block-scaled fp8 weight [N, K]
-    transposed -> [M, N] in out_dtype, for M <= DECODE_MAX_M."""
+    transposed -> [M, N] in out_dtype, for M <= DECODE_MAX_M. x_scales None: x_q is the
+    unquantized activations, which every program quantizes as `quantize_activations` would (one
+    launch instead of two; every program of a column quantizes the rows again)."""
     m, k = x_q.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1
@@ -106,11 +117,14 @@ def decode_gemm(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
     split_k = triton.cdiv(steps, steps_per_split)
     partials = split_k_partials(m, n, split_k, out_dtype, x_q.device)
     grid = (triton.cdiv(n, tiles.block_w), split_k)
+    quantize_x = x_scales is None
+    if quantize_x:
+        x_scales = weight_scale_inv  # unread
     _decode_gemm_kernel[grid](
         x_q, x_scales, weight, weight_scale_inv, partials, m, n, k, steps_per_split, x_q.stride(0),
         x_scales.stride(0), x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0),
         weight_scale_inv.stride(1), partials.stride(0), partials.stride(1),
         BLOCK_M=DECODE_MAX_M, BLOCK_W=tiles.block_w, GROUP=BLOCK,
-        EVEN=n % tiles.block_w == 0 and k % BLOCK == 0, NUM_STAGES=tiles.num_stages,
-        num_warps=tiles.num_warps)
+        EVEN=n % tiles.block_w == 0 and k % BLOCK == 0, QUANTIZE_X=quantize_x, NUM_STAGES=tiles.num_stages,
+        FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX, num_warps=tiles.num_warps)
     return sum_split_k(partials, out_dtype)
