@@ -4,9 +4,8 @@ and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per r
     python -m benchmarks.fp8_tiles --out fp8_tiles.json [--batches 1,2,4,8,16,256,1784,8192]
 
 Per (layer, M): bf16 F.linear; up to 16 rows the activation quantization alone, the FP8 decode GEMV
-(the quantization included, as served) with the tiles `gemv_tiles` picks (its grid of others was
-measured on an H100: benchmarks/NOTES.md), the decode GEMM (fp8_decode_gemm.py)
-with its DEFAULT_TILES and DECODE_TILE_GRID (also quantizing inside), and the tensor-core GEMM quantizing
+(the quantization included, as served) with the tiles `gemv_tiles` picks and a grid of others
+(columns a program, K splits, pipeline stages), and the tensor-core GEMM quantizing
 inside; from 256 rows the tensor-core GEMM's tile variants after a separate quantization; the
 server's `triton` path (from 9 rows) and torch's block-scaled `scaled_mm` (every M, its rows padded
 to 16 as `fp8_gemm.scaled_mm_gemm` does), and up to 64 rows the same on the transposed product (the weight
@@ -30,20 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.lib.fp8_gemm_cases import QWEN3_14B_LINEARS
-from core.execution.model.fp8_decode_gemm import DecodeTiles, decode_gemm
 from core.execution.model.fp8_format import quantize_weight, reference_matmul
 from core.execution.model.fp8_gemm import scaled_mm_gemm, triton_gemm
-from core.execution.model.fp8_gemv import fp8_gemv
+from core.execution.model.fp8_gemv import GemvTiles, fp8_gemv
 from core.execution.model.fp8_kernels import MatmulTiles, block_fp8_matmul, quantize_activations
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 256, 1784, 8192)
 ROTATED_BYTES = 200e6
-# The decode GEMM's tiles tried: weight rows a program, 128-column groups of K a program, warps.
-DECODE_TILE_GRID = [DecodeTiles(*tiles) for tiles in itertools.product((16, 32, 64, 128), (1, 2, 4), (4,))]
-DECODE_TILE_GRID += [DecodeTiles(128, groups, 8) for groups in (2, 4)]
-# The same GEMM quantizing the activations itself (one launch fewer).
-DECODE_QUANTIZING_TILE_GRID = [DecodeTiles(32, 4, 4), DecodeTiles(64, 4, 4), DecodeTiles(64, 2, 4),
-                               DecodeTiles(128, 2, 4)]
 Call = Callable[[int], torch.Tensor]  # copy index -> output
 
 
@@ -103,14 +95,12 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
         calls["dot fused"] = lambda i: block_fp8_matmul(x, None, *fp8[i], torch.bfloat16)
         calls["gemv"] = lambda i: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16)
         calls["quantize only"] = lambda i: quantize_activations(x)[0]
-        calls["decode"] = lambda i: decode_gemm(*quantize_activations(x), *fp8[i], torch.bfloat16)
-        for tiles in DECODE_TILE_GRID:
-            name = f"decode w{tiles.block_w} g{tiles.groups} nw{tiles.num_warps}"
-            calls[name] = lambda i, tiles=tiles: decode_gemm(*quantize_activations(x), *fp8[i],
-                                                             torch.bfloat16, tiles)
-        for tiles in DECODE_QUANTIZING_TILE_GRID:
-            name = f"decode quantizing w{tiles.block_w} g{tiles.groups} nw{tiles.num_warps}"
-            calls[name] = lambda i, tiles=tiles: decode_gemm(x, None, *fp8[i], torch.bfloat16, tiles)
+        block_m = 1 << (m - 1).bit_length()
+        for block_n, split_k, stages in itertools.product((8, 16, 32), (1, 2), (3, 6)):
+            if block_m * block_n * 128 <= 16384:  # the [rows, columns, 128] accumulator, in registers
+                tiles = GemvTiles(block_n, split_k, stages, 4)
+                calls[f"gemv n{block_n} s{split_k} st{stages}"] = (
+                    lambda i, tiles=tiles: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16, tiles))
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])
     calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])  # rows padded to 16
@@ -159,7 +149,7 @@ def summary(row: dict) -> str:
     for micros, name in timed[:4]:
         line += (f" | {name} {micros:.1f} us {n * k / micros / 1e6:.2f} TB/s "
                  f"{2 * m * n * k / micros / 1e6:.0f} TFLOP/s err {row['error'][name]:.1e}")
-    paths = ("quantize only", "gemv", "decode", "dot fused", "triton", "scaled_mm")
+    paths = ("quantize only", "gemv", "dot fused", "triton", "scaled_mm")
     served = {name: row["us"].get(name) for name in paths if name in row["us"]}
     line += f" || {', '.join(f'{name} {us if us is None else round(us, 1)}' for name, us in served.items())}"
     return line + (f"  failed: {row['failed']}" if row["failed"] else "")

@@ -50,8 +50,6 @@ def test_the_environment_names_the_gemm(scaled_mm, monkeypatch):
     assert fp8_gemm.choose_gemm(CUDA) is fp8_gemm.dequant_gemm
     monkeypatch.setenv(fp8_gemm.ENV, "mixed")  # the GEMV for one row of gate/up, cuBLAS elsewhere
     assert fp8_gemm.choose_gemm(CUDA) is fp8_gemm.mixed_gemm
-    monkeypatch.setenv(fp8_gemm.ENV, "decode_gemm")  # the tensor-core decode GEMM up to 16 rows
-    assert fp8_gemm.choose_gemm(CUDA) is fp8_gemm.scaled_mm_with_decode_gemm
 
 
 @pytest.mark.parametrize("name,device,message", [
@@ -59,7 +57,6 @@ def test_the_environment_names_the_gemm(scaled_mm, monkeypatch):
     ("triton", torch.device("cpu"), "needs a CUDA device"),
     ("scaled_mm", CUDA, "cannot run the block-scaled scaled_mm here (no block scales)"),
     ("mixed", CUDA, "CADENCE_FP8_GEMM=mixed: torch"),
-    ("decode_gemm", CUDA, "CADENCE_FP8_GEMM=decode_gemm: torch"),
 ])
 def test_a_gemm_that_cannot_run_here_is_refused_with_the_reason(scaled_mm, name, device, message):
     scaled_mm["reason"] = "no block scales"

@@ -15,13 +15,12 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from fp8_products import GEMM_RELATIVE_TOLERANCE, inputs, relative_error  # noqa: E402
 from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
 from core.execution.model import fp8_gemv as gemv_module  # noqa: E402
-from core.execution.model.fp8_format import reference_matmul  # noqa: E402
+from core.execution.model.fp8_format import quantize_weight, reference_matmul  # noqa: E402
 from core.execution.model.fp8_gemv import (  # noqa: E402
     GEMV_MAX_M,
     GemvTiles,
@@ -32,6 +31,7 @@ from core.execution.model.fp8_gemv import (  # noqa: E402
 from core.execution.model.fp8_kernels import quantize_activations  # noqa: E402
 
 INTERPRETED = is_interpreted(triton.language.zeros, gemv_module._fp8_gemv_kernel)
+GEMM_RELATIVE_TOLERANCE = 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +41,17 @@ def _kernels_run_here_or_in_the_child(request):
 
 def test_kernels_in_a_fresh_interpreter():
     run_in_fresh_interpreter(__file__, INTERPRETED)
+
+
+def inputs(m: int, n: int, k: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    x = 2.0 * torch.randn(m, k, generator=generator) * torch.logspace(-2, 1, k)  # groups of unlike ranges
+    weight, scale_inv = quantize_weight(0.05 * torch.randn(n, k, generator=generator))
+    return x, weight, scale_inv
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype,

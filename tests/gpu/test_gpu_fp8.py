@@ -46,7 +46,6 @@ from fp8_noise import (
 from plans import Chunk, make_plan
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from core.execution.model.fp8_decode_gemm import DECODE_MAX_M, DecodeTiles, decode_gemm
 from core.execution.model.fp8_format import (
     FP8_DTYPE,
     quantize_activations_reference,
@@ -120,29 +119,6 @@ def test_decode_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
         assert_gemm_close(fp8_gemv(q, scales, weight, scale_inv, torch.bfloat16, tiles), reference)
 
 
-@pytest.mark.parametrize("m", [1, 2, 5, 16])
-@pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
-def test_tensor_core_decode_gemm_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
-    x, weight, scale_inv = inputs(m, n, k, seed=n + m)
-    q, scales = quantize_activations(x)
-    out = decode_gemm(q, scales, weight, scale_inv, torch.bfloat16)
-    reference = reference_matmul(x.float(), weight, scale_inv)
-    assert_gemm_close(out, reference)
-    assert torch.equal(decode_gemm(x, None, weight, scale_inv, torch.bfloat16), out)  # quantizing inside
-    for tiles in (DecodeTiles(16, 1, 4), DecodeTiles(64, 2, 4), DecodeTiles(128, 4, 8)):
-        assert_gemm_close(decode_gemm(q, scales, weight, scale_inv, torch.bfloat16, tiles), reference)
-
-
-@pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
-def test_tensor_core_decode_gemm_computes_a_row_alike_alone_and_in_a_batch(name, n, k):
-    x, weight, scale_inv = inputs(DECODE_MAX_M, n, k, seed=n)
-    q, scales = quantize_activations(x)
-    batch = decode_gemm(q, scales, weight, scale_inv, torch.bfloat16)
-    for rows in (1, 3, 9):
-        alone = decode_gemm(q[:rows], scales[:rows], weight, scale_inv, torch.bfloat16)
-        assert torch.equal(alone, batch[:rows])
-
-
 @pytest.mark.parametrize("m", [1, 3, 9, 16, 64, 256, 1784, 2048])
 @pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
 def test_scaled_mm_with_block_scales_equals_the_reference_where_torch_has_it(name, n, k, m):
@@ -203,7 +179,7 @@ def triton_against_exact(runner: ModelRunner, prompt: list[int], continuation: l
     return error, floor
 
 
-@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed", "decode_gemm"])
+@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed"])
 def test_one_layer_of_the_14b_shape_in_fp8_tracks_exact_gemms(gemm, monkeypatch):
     if gemm != "triton":
         skip_without_scaled_mm()
@@ -246,7 +222,7 @@ def test_decode_graphs_with_the_dequantizing_gemm_replay_eagers_numbers(batch, m
         assert max_relative(ours, theirs) < 1e-4, f"step {step}: graph and eager logits differ"
 
 
-@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed", "decode_gemm"])
+@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed"])
 @pytest.mark.parametrize("batch", [1, 5, 40])
 def test_decode_graphs_with_fp8_gemms_stay_within_the_noise_floor(batch, gemm, monkeypatch):
     if gemm != "triton":

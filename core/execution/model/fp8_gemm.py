@@ -22,10 +22,7 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
   generalization matrix passed 22 of 30 cells against scaled_mm's 26 (seeded sampling and
   stop strings no longer reproduced their reference run).
 
-* `decode_gemm`: scaled_mm above 16 rows; up to 16 the decode GEMM of fp8_decode_gemm.py (many
-  small programs streaming the weight, tensor-core dots), the same tiles for every row count.
-
-`CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm, mixed, decode_gemm) chooses for every FP8 layer of the
+`CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm, mixed) chooses for every FP8 layer of the
 process; auto is scaled_mm where it runs (checked once on a small product), else triton, and
 dequant on the CPU; scaled_mm or mixed named explicitly is refused at start, with cuBLAS's reason,
 where it cannot run.
@@ -91,16 +88,6 @@ def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torc
     return out if rows == m else out[:m]
 
 
-def scaled_mm_with_decode_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor
-                               ) -> torch.Tensor:
-    from core.execution.model.fp8_decode_gemm import DECODE_MAX_M, decode_gemm
-    from core.execution.model.fp8_kernels import quantize_activations
-
-    if x.shape[0] <= DECODE_MAX_M:
-        return decode_gemm(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
-    return scaled_mm_gemm(x, weight, weight_scale_inv)
-
-
 def mixed_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from core.execution.model.fp8_gemv import fp8_gemv, gemv_beats_scaled_mm
     from core.execution.model.fp8_kernels import num_sms_of, quantize_activations
@@ -133,8 +120,8 @@ def _log_auto_choice(device: torch.device, name: str) -> None:
 
 
 FP8_GEMMS: dict[str, Fp8Gemm] = {"dequant": dequant_gemm, "triton": triton_gemm, "scaled_mm": scaled_mm_gemm,
-                                  "mixed": mixed_gemm, "decode_gemm": scaled_mm_with_decode_gemm}
-NEEDS_SCALED_MM = ("scaled_mm", "mixed", "decode_gemm")
+                                  "mixed": mixed_gemm}
+NEEDS_SCALED_MM = ("scaled_mm", "mixed")
 
 
 def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:
