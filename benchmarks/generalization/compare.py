@@ -24,14 +24,21 @@ Both runs ask for logprobs (the sampled token's and the top 2). The rule depends
   and finish reason still must match. Logprob differences over the agreeing prefix are reported, not
   judged (bf16 batch shapes legitimately move them).
 * FP8 on a GPU (bf16 activations quantized to e4m3 per 128 columns before each linear layer): the
-  bf16 rule with `tie_nats` 1.2. Quantization turns a 1-ulp bf16 difference of a group's largest
-  element into another scale for all 128 of its values, and the random 14B model amplifies it:
-  over prefixes where two runs agree, the sampled tokens' logprobs moved by up to 0.594 nats in
-  the full matrix on an H100 (bf16: 0.219), and 1.2 is twice that, as 0.35 is for bf16 (first
-  set after that run had failed 13 of 30 cells on divergences 0.38-1.22 nats apart at the
-  bf16 tolerance). Both tokens must still be among both runs' top logprobs (100 since four cells
-  failed on a token outside the top 20 that was, for all 20 showed, perhaps 0.6 nats from the
-  best: a flat random distribution has many tokens near its top). On the CPU an FP8
+  bf16 rule with `tie_nats` 3.0. Quantization turns a 1-ulp bf16 difference of a group's largest
+  element into another scale for all 128 of its values, and the random 14B model amplifies it.
+  Measured on an H100 (`python -m benchmarks.fp8_near_ties`: 8 prompts of 1,000 tokens, 64
+  teacher-forced tokens, 520 positions a variant): multiplying every FP8 product's output by
+  1 + 2**-9 * noise before its rounding to bf16, a change of nothing but rounding, flips the greedy
+  token at 358 of the 520 positions, with the two tokens up to 2.34 nats apart, and moves the
+  top-20 gaps by up to 2.78 nats; prefilling in 16-token chunks flips 252 (up to 2.50 apart),
+  decoding among 64 rows 322 (up to 2.28). The same runs in bf16: 43 and 59 flips, at most 0.28
+  nats apart, hence bf16's 0.35. 3.0 accepts what rounding alone does to FP8 here and no more
+  (the first FP8 tolerance, 1.2, was twice the drift of the sampled token's logprob on prefixes
+  where two matrix runs agreed, and six cells failed on divergences 1.22-2.06 nats apart, all
+  inside that measured noise). What it still catches is a token more than 3 nats from the best in
+  either run; the float32 rule on the CPU and the bf16 rule on the GPU, which run the same
+  scheduling, caching and paging code, are the matrix's finer checks. Both tokens must still be
+  among both runs' top logprobs (100). On the CPU an FP8
   server computes in float32 from dequantized weights and gets the float32 rule.
 """
 
@@ -42,7 +49,7 @@ from dataclasses import dataclass
 from api.generation import Generation
 
 EXACT_DTYPES = ("float32",)
-TIE_NATS = {None: 0.35, "fp8": 1.2}  # near-tie tolerance by quantization (measured: see above)
+TIE_NATS = {None: 0.35, "fp8": 3.0}  # near-tie tolerance by quantization (measured: see above)
 
 
 @dataclass(frozen=True)
