@@ -9,10 +9,13 @@ is specified on constructed outputs.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from api.generation import Generation
-from benchmarks.generalization.compare import Tolerance, compare
+from benchmarks.generalization.compare import TIE_NATS, Tolerance, compare
 from benchmarks.generalization.matrix import (
     Matrix,
     base_config,
@@ -24,6 +27,8 @@ from benchmarks.generalization.report import render_markdown
 from benchmarks.generalization.server_plans import MULTI_GPU_LAYOUTS
 from benchmarks.generalization.workload import Workload, make_shape
 from ipc.messages import TopLogprob
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +163,16 @@ def test_a_structured_outputs_divergence_is_judged_on_the_two_chosen_tokens():
                      top_logprobs=tie.top_logprobs)
     assert "0.8 nats apart" in compare(reference, far, BF16, constrained=True).message
     assert not compare(reference, tie, FLOAT32, constrained=True).ok  # float32 stays exact
+
+
+def test_the_near_tie_tolerances_accept_every_flip_the_committed_noise_measurement_found():
+    """TIE_NATS rests on `python -m benchmarks.fp8_near_ties` (docs/reports/h100/fp8/near_ties/):
+    every greedy flip that a correct change of the computation made there must be a near-tie."""
+    measured = sorted((REPO / "docs/reports/h100/fp8/near_ties").glob("*.json"))
+    assert measured
+    for path in measured:
+        runs = json.loads(path.read_text())
+        for quantization, tie_nats in (("fp8", TIE_NATS["fp8"]), ("bf16", TIE_NATS[None])):
+            for variant, figures in runs.get(quantization, {}).items():
+                farthest = max(figures["flip_gaps_largest"], default=0.0)
+                assert 0.0 < farthest <= tie_nats, (path.name, quantization, variant, farthest)
