@@ -5,11 +5,14 @@ and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per r
 
 Per (layer, M): bf16 F.linear; up to 16 rows the activation quantization alone, the FP8 decode GEMV
 (the quantization included, as served) with the tiles `gemv_tiles` picks and a grid of others
-(columns a program, K splits, pipeline stages), and the tensor-core GEMM quantizing
-inside; from 256 rows the tensor-core GEMM's tile variants after a separate quantization; the
-server's `triton` path (from 9 rows) and torch's block-scaled `scaled_mm` (every M, its rows padded
-to 16 as `fp8_gemm.scaled_mm_gemm` does), and up to 64 rows the same on the transposed product (the weight
-as cuBLAS's `a`: an experiment for decode, `transposed_scaled_mm`).
+(columns a program, K splits, pipeline stages), up to 4 rows the row GEMV (fp8_row_gemv.py) with
+its default tiles (and at one row a grid of others: rows a program, columns a piece, warps), and the
+tensor-core GEMM quantizing inside; from 256 rows the tensor-core GEMM's tile variants after a
+separate quantization; the server's `triton` path (from 9 rows) and torch's block-scaled
+`scaled_mm` (every M, its rows padded to 16 as `fp8_gemm.scaled_mm_gemm` does), and up to 64 rows
+the same on the transposed product (the weight as cuBLAS's `a`: an experiment for decode,
+`transposed_scaled_mm`). `--only REGEX` times only the candidates it names (besides bf16 and
+scaled_mm).
 Each is captured in a CUDA graph of >= 24 calls that rotate over enough copies of the weight (>= 200
 MB) that every call reads its weight from HBM, not L2, as in a model step; the median of 5 replays
 is the time per call. A path that fails prints why. Each line shows the four fastest FP8 candidates
@@ -23,6 +26,7 @@ import argparse
 import itertools
 import json
 import math
+import re
 from collections.abc import Callable
 
 import torch
@@ -33,6 +37,7 @@ from core.execution.model.fp8_format import quantize_weight, reference_matmul
 from core.execution.model.fp8_gemm import scaled_mm_gemm, triton_gemm
 from core.execution.model.fp8_gemv import GemvTiles, fp8_gemv
 from core.execution.model.fp8_kernels import MatmulTiles, block_fp8_matmul, quantize_activations
+from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, RowGemvTiles, fp8_row_gemv
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 256, 1784, 8192)
 ROTATED_BYTES = 200e6
@@ -101,6 +106,13 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
                 tiles = GemvTiles(block_n, split_k, stages, 4)
                 calls[f"gemv n{block_n} s{split_k} st{stages}"] = (
                     lambda i, tiles=tiles: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16, tiles))
+    if m <= ROW_GEMV_MAX_M:
+        calls["row gemv"] = lambda i: fp8_row_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16)
+        for rows, chunk, warps in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8)):
+            if m == 1:
+                tiles = RowGemvTiles(rows, chunk, warps)
+                calls[f"row gemv r{rows} c{chunk} w{warps}"] = lambda i, tiles=tiles: fp8_row_gemv(
+                    *quantize_activations(x), *fp8[i], torch.bfloat16, tiles)
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])
     calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])  # rows padded to 16
@@ -117,7 +129,8 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
     return calls
 
 
-def layer_rows(layer: str, n: int, k: int, batches: tuple[int, ...]) -> list[dict]:
+def layer_rows(layer: str, n: int, k: int, batches: tuple[int, ...], only: re.Pattern | None = None
+               ) -> list[dict]:
     generator = torch.Generator(device="cuda").manual_seed(n + k)
     copies = max(2, math.ceil(ROTATED_BYTES / (n * k)))
     bf16 = [(0.02 * torch.randn(n, k, generator=generator, device="cuda")).to(torch.bfloat16)
@@ -129,6 +142,8 @@ def layer_rows(layer: str, n: int, k: int, batches: tuple[int, ...]) -> list[dic
         reference = reference_matmul(x.float(), *fp8[0])
         row = {"layer": layer, "m": m, "n": n, "k": k, "us": {}, "error": {}, "failed": {}}
         for name, call in candidates(m, x, bf16, fp8).items():
+            if only is not None and name not in ("bf16", "scaled_mm") and not only.search(name):
+                continue
             micros, failure = graph_us(call, copies)
             row["us"][name] = micros
             if failure:
@@ -149,7 +164,7 @@ def summary(row: dict) -> str:
     for micros, name in timed[:4]:
         line += (f" | {name} {micros:.1f} us {n * k / micros / 1e6:.2f} TB/s "
                  f"{2 * m * n * k / micros / 1e6:.0f} TFLOP/s err {row['error'][name]:.1e}")
-    paths = ("quantize only", "gemv", "dot fused", "triton", "scaled_mm")
+    paths = ("quantize only", "gemv", "row gemv", "dot fused", "triton", "scaled_mm")
     served = {name: row["us"].get(name) for name in paths if name in row["us"]}
     line += f" || {', '.join(f'{name} {us if us is None else round(us, 1)}' for name, us in served.items())}"
     return line + (f"  failed: {row['failed']}" if row["failed"] else "")
@@ -163,7 +178,10 @@ def main() -> None:
                         help="row counts M, comma-separated")
     parser.add_argument("--layers", default=",".join(name for name, _, _ in QWEN3_14B_LINEARS),
                         help="which of qkv_proj, o_proj, gate_up_proj, down_proj")
+    parser.add_argument("--only", help="time only the candidates whose name this regex finds (and bf16, "
+                        "scaled_mm), e.g. 'row gemv|^gemv$|quantize only'")
     args = parser.parse_args()
+    only = re.compile(args.only) if args.only else None
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.fp8_tiles needs a CUDA GPU with FP8 (Hopper or newer)")
     batches = tuple(int(m) for m in args.batches.split(","))
@@ -172,7 +190,7 @@ def main() -> None:
     rows = []
     for layer, n, k in QWEN3_14B_LINEARS:
         if layer in layers:
-            rows += layer_rows(layer, n, k, batches)
+            rows += layer_rows(layer, n, k, batches, only)
             torch.cuda.empty_cache()
             if args.out:
                 with open(args.out, "w") as f:

@@ -62,6 +62,7 @@ from core.execution.model.fp8_gemm import (
 )
 from core.execution.model.fp8_gemv import GEMV_MAX_M, GemvTiles, fp8_gemv, gemv_beats_scaled_mm
 from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
+from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, RowGemvTiles, fp8_row_gemv
 from core.execution.runner import ModelRunner
 
 # Qwen3-14B's linear layers at TP=1: (name, N, K).
@@ -117,6 +118,20 @@ def test_decode_gemv_at_qwen3_14b_shapes_equals_the_reference(name, n, k, m):
     assert_gemm_close(out, block_fp8_matmul(q, scales, weight, scale_inv, torch.bfloat16))
     for tiles in (GemvTiles(16, 1, 4, 4), GemvTiles(32, 2, 6, 4), GemvTiles(8, 3, 2, 8)):
         assert_gemm_close(fp8_gemv(q, scales, weight, scale_inv, torch.bfloat16, tiles), reference)
+
+
+@pytest.mark.parametrize("m", range(1, ROW_GEMV_MAX_M + 1))
+@pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
+def test_row_gemv_at_qwen3_14b_shapes_equals_the_reference_and_a_row_alone_its_batch(name, n, k, m):
+    x, weight, scale_inv = inputs(m, n, k, seed=n + m)
+    q, scales = quantize_activations(x)
+    out = fp8_row_gemv(q, scales, weight, scale_inv, torch.bfloat16)
+    reference = reference_matmul(x.float(), weight, scale_inv)
+    assert_gemm_close(out, reference)
+    for tiles in (RowGemvTiles(1, 512, 4), RowGemvTiles(8, 1024, 8), RowGemvTiles(2, 2048, 8)):
+        assert_gemm_close(fp8_row_gemv(q, scales, weight, scale_inv, torch.bfloat16, tiles), reference)
+    alone = fp8_row_gemv(q[-1:], scales[-1:], weight, scale_inv, torch.bfloat16)
+    assert torch.equal(alone, out[-1:]), "a row alone computes otherwise than in a step of several"
 
 
 @pytest.mark.parametrize("m", [1, 3, 9, 16, 64, 256, 1784, 2048])
@@ -179,7 +194,7 @@ def triton_against_exact(runner: ModelRunner, prompt: list[int], continuation: l
     return error, floor
 
 
-@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed"])
+@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed", "row_gemv"])
 def test_one_layer_of_the_14b_shape_in_fp8_tracks_exact_gemms(gemm, monkeypatch):
     if gemm != "triton":
         skip_without_scaled_mm()
@@ -222,7 +237,7 @@ def test_decode_graphs_with_the_dequantizing_gemm_replay_eagers_numbers(batch, m
         assert max_relative(ours, theirs) < 1e-4, f"step {step}: graph and eager logits differ"
 
 
-@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed"])
+@pytest.mark.parametrize("gemm", ["triton", "scaled_mm", "mixed", "row_gemv"])
 @pytest.mark.parametrize("batch", [1, 5, 40])
 def test_decode_graphs_with_fp8_gemms_stay_within_the_noise_floor(batch, gemm, monkeypatch):
     if gemm != "triton":

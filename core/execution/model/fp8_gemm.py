@@ -22,8 +22,12 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
   generalization matrix passed 22 of 30 cells against scaled_mm's 26 (seeded sampling and
   stop strings no longer reproduced their reference run).
 
-`CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm, mixed) chooses for every FP8 layer of the
-process; auto is scaled_mm where it runs (checked once on a small product), else triton, and
+* `row_gemv`: scaled_mm, except decode steps of up to ROW_GEMV_MAX_M rows, which take the CUDA-core
+  GEMV of fp8_row_gemv.py (a program owns whole weight rows, shaped like a plain read of the weight).
+  An experiment until measured served.
+
+`CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm, mixed, row_gemv) chooses for every FP8 layer
+of the process; auto is scaled_mm where it runs (checked once on a small product), else triton, and
 dequant on the CPU; scaled_mm or mixed named explicitly is refused at start, with cuBLAS's reason,
 where it cannot run.
 Measured on an H100 (docs/reports/h100/fp8): per GEMM (`python -m benchmarks.fp8_tiles`) scaled_mm
@@ -97,6 +101,15 @@ def mixed_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Te
     return scaled_mm_gemm(x, weight, weight_scale_inv)
 
 
+def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+    from core.execution.model.fp8_kernels import quantize_activations
+    from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, fp8_row_gemv
+
+    if x.shape[0] <= ROW_GEMV_MAX_M:
+        return fp8_row_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
+    return scaled_mm_gemm(x, weight, weight_scale_inv)
+
+
 @functools.cache
 def scaled_mm_unavailable(device: torch.device) -> str | None:
     """None where torch's block-scaled scaled_mm runs on `device`; else why not (one small product)."""
@@ -120,8 +133,8 @@ def _log_auto_choice(device: torch.device, name: str) -> None:
 
 
 FP8_GEMMS: dict[str, Fp8Gemm] = {"dequant": dequant_gemm, "triton": triton_gemm, "scaled_mm": scaled_mm_gemm,
-                                  "mixed": mixed_gemm}
-NEEDS_SCALED_MM = ("scaled_mm", "mixed")
+                                  "mixed": mixed_gemm, "row_gemv": row_gemv_gemm}
+NEEDS_SCALED_MM = ("scaled_mm", "mixed", "row_gemv")
 
 
 def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:

@@ -1,0 +1,109 @@
+"""A decode GEMV for block-scaled FP8 weights shaped like a plain read of the weight: each program
+owns a few whole weight rows, issues the loads of all of them at once, then multiplies on the CUDA
+cores. No K split, so no partial sums and no second kernel.
+
+`fp8_row_gemv(x_q, x_scales, weight, weight_scale_inv, out_dtype)`: x_q fp8 [M, K] with scales
+[M, ceil(K/128)] (`fp8_kernels.quantize_activations`), weight fp8 [N, K] with 128 x 128 block scales
+-> [M, N], for decode's few rows. A program takes `rows` weight rows (inside one 128-row block, so
+one row of weight scales) and walks K in `chunk`-column pieces, unrolled (K is a compile-time
+constant), so that the compiler can issue every piece's load before the first multiply. Per
+128-column group it sums x_q * w in float32, scales the sum by the token's and the block's scale,
+and adds the groups in order: the definition `fp8_format.reference_matmul` computes, in another
+order.
+
+Why: a CUDA graph of kernels that only read the 14B layer's FP8 weights, 32 KB a program in one
+load, reads them at 3.0 TB/s on an H100 (benchmarks/launch_overlap.py), where cuBLAS's block-scaled
+GEMM and the earlier GEMVs (fp8_gemv.py: one 128-column group of 8-32 rows a step, a few steps in
+flight) take its products at 1.3-2.5 TB/s at one row. This kernel keeps the read's shape and does
+the arithmetic on registers, with no shared-memory staging for tensor cores (what the tensor-core
+decode GEMMs measured slower with, benchmarks/NOTES.md).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from core.execution.model.fp8_format import BLOCK
+
+# Up to this many rows the CUDA cores multiply every weight byte M times; beyond, the tensor cores win.
+ROW_GEMV_MAX_M = 4
+
+
+class RowGemvTiles(NamedTuple):
+    rows: int  # weight rows a program owns: a power of two dividing 128
+    chunk: int  # columns of K a piece: a power-of-two multiple of 128
+    num_warps: int
+
+
+def row_gemv_tiles(m: int, n: int, k: int) -> RowGemvTiles:
+    """Up to 36 KB of weight a program (the read that measured 3.0 TB/s loads 32 KB): 4 rows of a
+    5,120-column weight, 2 of a 17,408-column one; 1,024 columns a piece. A first guess, to be
+    measured with `python -m benchmarks.fp8_tiles`."""
+    fitting = max(1, min(BLOCK, 36864 // max(k, 1)))
+    chunk = min(1024, triton.next_power_of_2(max(k, BLOCK)))
+    return RowGemvTiles(rows=1 << (fitting.bit_length() - 1), chunk=chunk, num_warps=8)
+
+
+@triton.jit(do_not_specialize=["M", "stride_xm", "stride_xsm", "stride_cm"])
+def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, stride_xm, stride_xsm, stride_xsg,
+                     stride_wn, stride_wsn, stride_wsk, stride_cm, K: tl.constexpr,
+                     ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
+                     EVEN: tl.constexpr):
+    """c[m, n] = sum over K's groups g of (sum_k x_q[m, k] w[n, k]) * x_scale[m, g] * w_scale[n/128, g]."""
+    GROUPS: tl.constexpr = CHUNK // GROUP
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    tokens = tl.arange(0, BLOCK_M)
+    row_mask = rows < N
+    token_mask = tokens < M
+    ws_row = ws_ptr + ((pid * ROWS) // GROUP) * stride_wsn
+    acc = tl.zeros((BLOCK_M, ROWS), dtype=tl.float32)
+    for first in tl.static_range(0, K, CHUNK):
+        cols = first + tl.arange(0, CHUNK)
+        groups = first // GROUP + tl.arange(0, GROUPS)
+        w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
+        x_ptrs = xq_ptr + tokens[:, None] * stride_xm + cols[None, :]
+        xs_ptrs = xs_ptr + tokens[:, None] * stride_xsm + groups[None, :] * stride_xsg
+        if EVEN:  # whole pieces and programs: unmasked weight loads, the widest vectors
+            w = tl.load(w_ptrs)
+            w_scale = tl.load(ws_row + groups * stride_wsk)
+            x = tl.load(x_ptrs, mask=token_mask[:, None], other=0.0)
+            x_scale = tl.load(xs_ptrs, mask=token_mask[:, None], other=0.0)
+        else:
+            col_mask = cols < K
+            group_mask = groups * GROUP < K
+            w = tl.load(w_ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+            w_scale = tl.load(ws_row + groups * stride_wsk, mask=group_mask, other=0.0)
+            x = tl.load(x_ptrs, mask=token_mask[:, None] & col_mask[None, :], other=0.0)
+            x_scale = tl.load(xs_ptrs, mask=token_mask[:, None] & group_mask[None, :], other=0.0)
+        w3 = tl.reshape(w.to(tl.float32), (1, ROWS, GROUPS, GROUP))
+        x3 = tl.reshape(x.to(tl.float32), (BLOCK_M, 1, GROUPS, GROUP))
+        sums = tl.sum(w3 * x3, axis=3)  # [BLOCK_M, ROWS, GROUPS]
+        scales = x_scale * w_scale[None, :]  # [BLOCK_M, GROUPS]
+        acc += tl.sum(sums * scales[:, None, :], axis=2)
+    c_ptrs = c_ptr + tokens[:, None] * stride_cm + rows[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=token_mask[:, None] & row_mask[None, :])
+
+
+def fp8_row_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
+                 weight_scale_inv: torch.Tensor, out_dtype: torch.dtype,
+                 tiles: RowGemvTiles | None = None) -> torch.Tensor:
+    """x_q fp8 [M, K] with scales [M, ceil(K/128)] times the block-scaled fp8 weight [N, K]
+    transposed -> [M, N] in out_dtype."""
+    m, k = x_q.shape
+    n = weight.shape[0]
+    assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1
+    assert m <= 16, f"the row GEMV multiplies on the CUDA cores: it is for decode's few rows, not {m}"
+    tiles = tiles or row_gemv_tiles(m, n, k)
+    assert BLOCK % tiles.rows == 0 and tiles.chunk % BLOCK == 0, tiles
+    out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
+    _row_gemv_kernel[(triton.cdiv(n, tiles.rows),)](
+        x_q, x_scales, weight, weight_scale_inv, out, m, n, x_q.stride(0), x_scales.stride(0),
+        x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0), weight_scale_inv.stride(1),
+        out.stride(0), K=k, ROWS=tiles.rows, CHUNK=tiles.chunk, BLOCK_M=triton.next_power_of_2(max(m, 1)),
+        GROUP=BLOCK, EVEN=k % tiles.chunk == 0 and n % tiles.rows == 0, num_warps=tiles.num_warps)
+    return out

@@ -1,0 +1,101 @@
+"""The FP8 row GEMV of core/execution/model/fp8_row_gemv.py against the torch definition of the format
+(core/execution/model/fp8_format.py), on the CPU through the Triton interpreter.
+
+It takes the activations as `quantize_activations` leaves them and sums the same products as
+`reference_matmul` in another order (per 128-column group, then the groups in order), so float32
+outputs get the bound of tests/test_fp8_kernels.py: max |error| <= 1e-5 * max |reference|.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
+
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
+
+from core.execution.model import fp8_row_gemv as row_gemv_module  # noqa: E402
+from core.execution.model.fp8_format import quantize_weight, reference_matmul  # noqa: E402
+from core.execution.model.fp8_kernels import quantize_activations  # noqa: E402
+from core.execution.model.fp8_row_gemv import RowGemvTiles, fp8_row_gemv, row_gemv_tiles  # noqa: E402
+
+INTERPRETED = is_interpreted(triton.language.zeros, row_gemv_module._row_gemv_kernel)
+GEMM_RELATIVE_TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _kernels_run_here_or_in_the_child(request):
+    skip_unless_interpreted(request, INTERPRETED)
+
+
+def test_kernels_in_a_fresh_interpreter():
+    run_in_fresh_interpreter(__file__, INTERPRETED)
+
+
+def inputs(m: int, n: int, k: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    x = 2.0 * torch.randn(m, k, generator=generator) * torch.logspace(-2, 1, k)  # groups of unlike ranges
+    weight, scale_inv = quantize_weight(0.05 * torch.randn(n, k, generator=generator))
+    return x, weight, scale_inv
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
+
+
+def row_gemv(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype,
+             tiles: RowGemvTiles | None = None) -> torch.Tensor:
+    return fp8_row_gemv(*quantize_activations(x), weight, scale_inv, out_dtype, tiles)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("n,k", [(256, 1024), (200, 384), (256, 200), (136, 1000)],
+                         ids=["whole-pieces", "ragged-n", "ragged-k", "ragged-both"])
+def test_row_gemv_equals_the_reference(m, n, k):
+    x, weight, scale_inv = inputs(m, n, k, seed=m + n + k)
+    out = row_gemv(x, weight, scale_inv, torch.float32)
+    assert out.shape == (m, n) and out.dtype == torch.float32
+    assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("tiles", [RowGemvTiles(1, 128, 4), RowGemvTiles(2, 256, 4), RowGemvTiles(8, 512, 8),
+                                   RowGemvTiles(128, 128, 4)], ids=str)
+def test_every_tile_shape_gives_the_reference(tiles):
+    x, weight, scale_inv = inputs(2, 200, 1000, seed=tiles.rows + tiles.chunk)
+    out = row_gemv(x, weight, scale_inv, torch.float32, tiles)
+    assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
+
+
+def test_strided_rows_and_a_zero_group():
+    x, weight, scale_inv = inputs(3, 256, 384, seed=11)
+    wide = torch.zeros(3, 512)
+    wide[:, :384] = x
+    wide[1, 128:256] = 0.0  # a group of zeros: scale MIN_AMAX / 448, values zero
+    strided = wide[:, :384]
+    out = row_gemv(strided, weight, scale_inv, torch.float32)
+    expected = reference_matmul(strided.contiguous(), weight, scale_inv)
+    assert relative_error(out, expected) <= GEMM_RELATIVE_TOLERANCE
+
+
+def test_half_precision_output_is_the_float32_result_rounded_once():
+    # float16: the interpreter (triton 3.9) truncates float32 to bfloat16 where the GPU rounds
+    x, weight, scale_inv = inputs(2, 256, 256, seed=5)
+    full = row_gemv(x, weight, scale_inv, torch.float32)
+    half = row_gemv(x, weight, scale_inv, torch.float16)
+    assert half.dtype == torch.float16 and torch.equal(half, full.to(torch.float16))
+
+
+def test_default_tiles_read_about_32_kb_a_program_in_1024_column_pieces():
+    assert row_gemv_tiles(1, 7168, 5120) == RowGemvTiles(rows=4, chunk=1024, num_warps=8)
+    assert row_gemv_tiles(1, 5120, 17408) == RowGemvTiles(rows=2, chunk=1024, num_warps=8)
+    assert row_gemv_tiles(1, 64, 100) == RowGemvTiles(rows=128, chunk=128, num_warps=8)
+
+
+def test_the_row_gemv_is_for_a_few_rows():
+    x, weight, scale_inv = inputs(17, 128, 128, seed=1)
+    with pytest.raises(AssertionError, match="decode's few rows"):
+        row_gemv(x, weight, scale_inv, torch.float32)
