@@ -5,7 +5,7 @@ and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per r
 
 Per (layer, M): bf16 F.linear; up to 16 rows the activation quantization alone, the FP8 decode GEMV
 (the quantization included, as served) with the tiles `gemv_tiles` picks and a grid of others
-(columns a program, K splits, pipeline stages), up to 4 rows the row GEMV (fp8_row_gemv.py) with
+(columns a program, K splits, pipeline stages), up to 8 rows the row GEMV (fp8_row_gemv.py) with
 its default tiles (and at one row a grid of others: rows a program, columns a piece, warps), and the
 tensor-core GEMM quantizing inside; from 256 rows the tensor-core GEMM's tile variants after a
 separate quantization; the server's `triton` path (from 9 rows) and torch's block-scaled
@@ -106,7 +106,7 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
                 tiles = GemvTiles(block_n, split_k, stages, 4)
                 calls[f"gemv n{block_n} s{split_k} st{stages}"] = (
                     lambda i, tiles=tiles: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16, tiles))
-    if m <= ROW_GEMV_MAX_M:
+    if m <= 2 * ROW_GEMV_MAX_M:
         calls["row gemv"] = lambda i: fp8_row_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16)
         for rows, chunk, warps in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8)):
             if m == 1:

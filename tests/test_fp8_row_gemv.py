@@ -89,10 +89,18 @@ def test_half_precision_output_is_the_float32_result_rounded_once():
     assert half.dtype == torch.float16 and torch.equal(half, full.to(torch.float16))
 
 
-def test_default_tiles_read_about_32_kb_a_program_in_1024_column_pieces():
-    assert row_gemv_tiles(1, 7168, 5120) == RowGemvTiles(rows=4, chunk=1024, num_warps=8)
-    assert row_gemv_tiles(1, 5120, 17408) == RowGemvTiles(rows=2, chunk=1024, num_warps=8)
-    assert row_gemv_tiles(1, 64, 100) == RowGemvTiles(rows=128, chunk=128, num_warps=8)
+def test_default_tiles_are_the_measured_ones():
+    assert row_gemv_tiles(1, 7168, 5120) == RowGemvTiles(rows=4, chunk=2048, num_warps=4)
+    assert row_gemv_tiles(1, 5120, 17408) == RowGemvTiles(rows=4, chunk=2048, num_warps=4)
+    assert row_gemv_tiles(1, 64, 100) == RowGemvTiles(rows=4, chunk=128, num_warps=4)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_a_row_alone_computes_as_in_a_step_of_several(m):
+    x, weight, scale_inv = inputs(m, 256, 1000, seed=m)
+    together = row_gemv(x, weight, scale_inv, torch.float32)
+    for row in range(m):
+        assert torch.equal(row_gemv(x[row:row + 1], weight, scale_inv, torch.float32), together[row:row + 1])
 
 
 def test_the_row_gemv_is_for_a_few_rows():

@@ -4,12 +4,14 @@ cores. No K split, so no partial sums and no second kernel.
 
 `fp8_row_gemv(x_q, x_scales, weight, weight_scale_inv, out_dtype)`: x_q fp8 [M, K] with scales
 [M, ceil(K/128)] (`fp8_kernels.quantize_activations`), weight fp8 [N, K] with 128 x 128 block scales
--> [M, N], for decode's few rows. A program takes `rows` weight rows (inside one 128-row block, so
-one row of weight scales) and walks K in `chunk`-column pieces, unrolled (K is a compile-time
-constant), so that the compiler can issue every piece's load before the first multiply. Per
+-> [M, N], for decode's few rows. A program takes one token and `rows` weight rows (inside one
+128-row block, so one row of weight scales) and walks K in `chunk`-column pieces, unrolled (K is
+a compile-time constant), so that the compiler can issue every piece's load before the first multiply. Per
 128-column group it sums x_q * w in float32, scales the sum by the token's and the block's scale,
 and adds the groups in order: the definition `fp8_format.reference_matmul` computes, in another
-order.
+order. One token a program keeps each token's arithmetic the same whatever the step's row count
+(a first version held all of a step's tokens in one program: a row alone then differed from itself
+in a step of 2-4 in the last bits, and 2-4 rows spilled registers and ran 3-20x slower).
 
 Why: a CUDA graph of kernels that only read the 14B layer's FP8 weights, 32 KB a program in one
 load, reads them at 3.0 TB/s on an H100 (benchmarks/launch_overlap.py), where cuBLAS's block-scaled
@@ -40,53 +42,50 @@ class RowGemvTiles(NamedTuple):
 
 
 def row_gemv_tiles(m: int, n: int, k: int) -> RowGemvTiles:
-    """Up to 36 KB of weight a program (the read that measured 3.0 TB/s loads 32 KB): 4 rows of a
-    5,120-column weight, 2 of a 17,408-column one; 1,024 columns a piece. A first guess, to be
-    measured with `python -m benchmarks.fp8_tiles`."""
-    fitting = max(1, min(BLOCK, 36864 // max(k, 1)))
-    chunk = min(1024, triton.next_power_of_2(max(k, BLOCK)))
-    return RowGemvTiles(rows=1 << (fitting.bit_length() - 1), chunk=chunk, num_warps=8)
+    """4 rows a program, 2,048 columns a piece, 4 warps: the best at one row or within 2 % of it on
+    all four Qwen3-14B products on an H100 (`python -m benchmarks.fp8_tiles`; 1 and 8 rows, 512 and
+    1,024 columns and 8 warps were slower)."""
+    return RowGemvTiles(rows=4, chunk=min(2048, triton.next_power_of_2(max(k, BLOCK))), num_warps=4)
 
 
-@triton.jit(do_not_specialize=["M", "stride_xm", "stride_xsm", "stride_cm"])
-def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, stride_xm, stride_xsm, stride_xsg,
+# The token is the grid's fastest axis, so a step's tokens read the same weight rows together (the
+# second read comes from L2). The token count and the strides that follow it are not specialized on.
+@triton.jit(do_not_specialize=["stride_xm", "stride_xsm", "stride_cm"])
+def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_xsm, stride_xsg,
                      stride_wn, stride_wsn, stride_wsk, stride_cm, K: tl.constexpr,
-                     ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
-                     EVEN: tl.constexpr):
-    """c[m, n] = sum over K's groups g of (sum_k x_q[m, k] w[n, k]) * x_scale[m, g] * w_scale[n/128, g]."""
+                     ROWS: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, EVEN: tl.constexpr):
+    """c[m, n] = sum over K's groups g of (sum_k x_q[m, k] w[n, k]) * x_scale[m, g] * w_scale[n/128, g],
+    one token and ROWS weight rows a program: a token computes alike whatever else shares its step."""
     GROUPS: tl.constexpr = CHUNK // GROUP
-    pid = tl.program_id(0)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    tokens = tl.arange(0, BLOCK_M)
+    token = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    rows = block * ROWS + tl.arange(0, ROWS)
     row_mask = rows < N
-    token_mask = tokens < M
-    ws_row = ws_ptr + ((pid * ROWS) // GROUP) * stride_wsn
-    acc = tl.zeros((BLOCK_M, ROWS), dtype=tl.float32)
+    ws_row = ws_ptr + ((block * ROWS) // GROUP) * stride_wsn
+    acc = tl.zeros((ROWS,), dtype=tl.float32)
     for first in tl.static_range(0, K, CHUNK):
         cols = first + tl.arange(0, CHUNK)
         groups = first // GROUP + tl.arange(0, GROUPS)
         w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
-        x_ptrs = xq_ptr + tokens[:, None] * stride_xm + cols[None, :]
-        xs_ptrs = xs_ptr + tokens[:, None] * stride_xsm + groups[None, :] * stride_xsg
-        if EVEN:  # whole pieces and programs: unmasked weight loads, the widest vectors
+        x_ptrs = xq_ptr + token * stride_xm + cols
+        xs_ptrs = xs_ptr + token * stride_xsm + groups * stride_xsg
+        if EVEN:  # whole pieces and programs: unmasked loads, the widest vectors
             w = tl.load(w_ptrs)
             w_scale = tl.load(ws_row + groups * stride_wsk)
-            x = tl.load(x_ptrs, mask=token_mask[:, None], other=0.0)
-            x_scale = tl.load(xs_ptrs, mask=token_mask[:, None], other=0.0)
+            x = tl.load(x_ptrs)
+            x_scale = tl.load(xs_ptrs)
         else:
             col_mask = cols < K
             group_mask = groups * GROUP < K
             w = tl.load(w_ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
             w_scale = tl.load(ws_row + groups * stride_wsk, mask=group_mask, other=0.0)
-            x = tl.load(x_ptrs, mask=token_mask[:, None] & col_mask[None, :], other=0.0)
-            x_scale = tl.load(xs_ptrs, mask=token_mask[:, None] & group_mask[None, :], other=0.0)
-        w3 = tl.reshape(w.to(tl.float32), (1, ROWS, GROUPS, GROUP))
-        x3 = tl.reshape(x.to(tl.float32), (BLOCK_M, 1, GROUPS, GROUP))
-        sums = tl.sum(w3 * x3, axis=3)  # [BLOCK_M, ROWS, GROUPS]
-        scales = x_scale * w_scale[None, :]  # [BLOCK_M, GROUPS]
-        acc += tl.sum(sums * scales[:, None, :], axis=2)
-    c_ptrs = c_ptr + tokens[:, None] * stride_cm + rows[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=token_mask[:, None] & row_mask[None, :])
+            x = tl.load(x_ptrs, mask=col_mask, other=0.0)
+            x_scale = tl.load(xs_ptrs, mask=group_mask, other=0.0)
+        w3 = tl.reshape(w.to(tl.float32), (ROWS, GROUPS, GROUP))
+        x3 = tl.reshape(x.to(tl.float32), (1, GROUPS, GROUP))
+        sums = tl.sum(w3 * x3, axis=2)  # [ROWS, GROUPS]
+        acc += tl.sum(sums * (x_scale * w_scale)[None, :], axis=1)
+    tl.store(c_ptr + token * stride_cm + rows, acc.to(c_ptr.dtype.element_ty), mask=row_mask)
 
 
 def fp8_row_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
@@ -101,9 +100,11 @@ def fp8_row_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor
     tiles = tiles or row_gemv_tiles(m, n, k)
     assert BLOCK % tiles.rows == 0 and tiles.chunk % BLOCK == 0, tiles
     out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
-    _row_gemv_kernel[(triton.cdiv(n, tiles.rows),)](
-        x_q, x_scales, weight, weight_scale_inv, out, m, n, x_q.stride(0), x_scales.stride(0),
+    if m == 0:
+        return out
+    _row_gemv_kernel[(m, triton.cdiv(n, tiles.rows))](
+        x_q, x_scales, weight, weight_scale_inv, out, n, x_q.stride(0), x_scales.stride(0),
         x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0), weight_scale_inv.stride(1),
-        out.stride(0), K=k, ROWS=tiles.rows, CHUNK=tiles.chunk, BLOCK_M=triton.next_power_of_2(max(m, 1)),
-        GROUP=BLOCK, EVEN=k % tiles.chunk == 0 and n % tiles.rows == 0, num_warps=tiles.num_warps)
+        out.stride(0), K=k, ROWS=tiles.rows, CHUNK=tiles.chunk, GROUP=BLOCK,
+        EVEN=k % tiles.chunk == 0 and n % tiles.rows == 0, num_warps=tiles.num_warps)
     return out
