@@ -11,7 +11,7 @@ a compile-time constant), so that the compiler can issue every piece's load befo
 and adds the groups in order: the definition `fp8_format.reference_matmul` computes, in another
 order. One token a program keeps each token's arithmetic the same whatever the step's row count
 (a first version held all of a step's tokens in one program: a row alone then differed from itself
-in a step of 2-4 in the last bits, and 2-4 rows spilled registers and ran 3-20x slower).
+in a step of 2-4 in the last bits, and 2-4 rows ran 3-20x slower than one).
 
 Why: a CUDA graph of kernels that only read the 14B layer's FP8 weights, 32 KB a program in one
 load, reads them at 3.0 TB/s on an H100 (benchmarks/launch_overlap.py), where cuBLAS's block-scaled
@@ -57,18 +57,21 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_
     """c[m, n] = sum over K's groups g of (sum_k x_q[m, k] w[n, k]) * x_scale[m, g] * w_scale[n/128, g],
     one token and ROWS weight rows a program: a token computes alike whatever else shares its step."""
     GROUPS: tl.constexpr = CHUNK // GROUP
-    token = tl.program_id(0).to(tl.int64)
+    # The token as a [1]-long axis of every tile: the shapes (and so the layouts Triton picks) of the
+    # version that held a step's tokens in one program, which measured fastest at one token; a
+    # [CHUNK] vector of x compiled to a kernel 3.5x slower.
+    tokens = tl.program_id(0) + tl.arange(0, 1)
     block = tl.program_id(1)
     rows = block * ROWS + tl.arange(0, ROWS)
     row_mask = rows < N
     ws_row = ws_ptr + ((block * ROWS) // GROUP) * stride_wsn
-    acc = tl.zeros((ROWS,), dtype=tl.float32)
+    acc = tl.zeros((1, ROWS), dtype=tl.float32)
     for first in tl.static_range(0, K, CHUNK):
         cols = first + tl.arange(0, CHUNK)
         groups = first // GROUP + tl.arange(0, GROUPS)
         w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
-        x_ptrs = xq_ptr + token * stride_xm + cols
-        xs_ptrs = xs_ptr + token * stride_xsm + groups * stride_xsg
+        x_ptrs = xq_ptr + tokens[:, None].to(tl.int64) * stride_xm + cols[None, :]
+        xs_ptrs = xs_ptr + tokens[:, None].to(tl.int64) * stride_xsm + groups[None, :] * stride_xsg
         if EVEN:  # whole pieces and programs: unmasked loads, the widest vectors
             w = tl.load(w_ptrs)
             w_scale = tl.load(ws_row + groups * stride_wsk)
@@ -79,13 +82,15 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_
             group_mask = groups * GROUP < K
             w = tl.load(w_ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
             w_scale = tl.load(ws_row + groups * stride_wsk, mask=group_mask, other=0.0)
-            x = tl.load(x_ptrs, mask=col_mask, other=0.0)
-            x_scale = tl.load(xs_ptrs, mask=group_mask, other=0.0)
-        w3 = tl.reshape(w.to(tl.float32), (ROWS, GROUPS, GROUP))
-        x3 = tl.reshape(x.to(tl.float32), (1, GROUPS, GROUP))
-        sums = tl.sum(w3 * x3, axis=2)  # [ROWS, GROUPS]
-        acc += tl.sum(sums * (x_scale * w_scale)[None, :], axis=1)
-    tl.store(c_ptr + token * stride_cm + rows, acc.to(c_ptr.dtype.element_ty), mask=row_mask)
+            x = tl.load(x_ptrs, mask=col_mask[None, :], other=0.0)
+            x_scale = tl.load(xs_ptrs, mask=group_mask[None, :], other=0.0)
+        w4 = tl.reshape(w.to(tl.float32), (1, ROWS, GROUPS, GROUP))
+        x4 = tl.reshape(x.to(tl.float32), (1, 1, GROUPS, GROUP))
+        sums = tl.sum(w4 * x4, axis=3)  # [1, ROWS, GROUPS]
+        scales = x_scale * w_scale[None, :]  # [1, GROUPS]
+        acc += tl.sum(sums * scales[:, None, :], axis=2)
+    c_ptrs = c_ptr + tokens[:, None].to(tl.int64) * stride_cm + rows[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[None, :])
 
 
 def fp8_row_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
