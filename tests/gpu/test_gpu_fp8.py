@@ -46,7 +46,6 @@ from fp8_noise import (
 from plans import Chunk, make_plan
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from core.execution.model import fused
 from core.execution.model.fp8_format import (
     FP8_DTYPE,
     quantize_activations_reference,
@@ -56,8 +55,6 @@ from core.execution.model.fp8_format import (
 from core.execution.model.fp8_gemm import (
     ENV,
     FP8_GEMMS,
-    SCALED_MM_LAYOUT,
-    TRITON_LAYOUT,
     mixed_gemm,
     scaled_mm_gemm,
     scaled_mm_unavailable,
@@ -65,7 +62,6 @@ from core.execution.model.fp8_gemm import (
 )
 from core.execution.model.fp8_gemv import GEMV_MAX_M, GemvTiles, fp8_gemv, gemv_beats_scaled_mm
 from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
-from core.execution.model.fp8_linear import Fp8LinearMethod
 from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, RowGemvTiles, fp8_row_gemv
 from core.execution.runner import ModelRunner
 
@@ -257,36 +253,3 @@ def test_decode_graphs_with_fp8_gemms_stay_within_the_noise_floor(batch, gemm, m
     difference = max(max_relative(g, r) for g, r in zip(step_logits(graphs, plans), reference))
     print(f"\nbatch {batch}: {gemm} FP8 graph vs eager {difference:.3%}; eager nudged by 1e-7 {floor:.3%}")
     assert difference <= max(3 * floor, 1e-4)
-
-
-# --- the activation quantization fused into the norm and SiLU kernels ------------------------------
-
-
-@pytest.mark.parametrize("layout", [TRITON_LAYOUT, SCALED_MM_LAYOUT], ids=["triton", "scaled_mm"])
-@pytest.mark.parametrize("num_tokens", [1, 7, 300])
-def test_quantizing_norm_and_silu_write_what_quantize_activations_makes_in_bf16(layout, num_tokens):
-    generator = torch.Generator(device="cuda").manual_seed(num_tokens)
-    x, residual = (torch.randn(num_tokens, 5120, generator=generator, device="cuda").to(torch.bfloat16)
-                   for _ in range(2))
-    weight = (1 + 0.2 * torch.randn(5120, generator=generator, device="cuda")).to(torch.bfloat16)
-    gate_up = torch.randn(num_tokens, 2 * 17408, generator=generator, device="cuda").to(torch.bfloat16)
-    normed, _ = fused.add_rms_norm(x, residual, weight, 1e-6)
-    cases = [(fused.add_rms_norm(x, residual, weight, 1e-6, quantize=layout)[0], normed),
-             (fused.silu_mul(gate_up, quantize=layout), fused.silu_mul(gate_up))]
-    for quantized, unfused in cases:
-        q, scales = quantize_activations(unfused, column_major_scales=layout.column_major_scales)
-        assert torch.equal(quantized.q[:num_tokens].view(torch.uint8), q.view(torch.uint8))
-        assert torch.equal(quantized.scales[:num_tokens], scales)
-
-
-@pytest.mark.parametrize("gemm", ["triton", "scaled_mm"])
-def test_fused_quantization_leaves_the_14b_layers_logits_as_they_were(gemm, monkeypatch):
-    if gemm != "triton":
-        skip_without_scaled_mm()
-    monkeypatch.setenv(ENV, gemm)
-    runner = fp8_14b_runner(num_layers=2, enforce_eager=True)
-    rng = np.random.default_rng(2)
-    prompt, continuation = rng.integers(0, 151_000, 300).tolist(), rng.integers(0, 151_000, 3).tolist()
-    fused_logits = logits_of(runner, prompt, continuation)
-    monkeypatch.setattr(Fp8LinearMethod, "input_layout", lambda self, layer, n: None)  # each layer quantizes
-    assert torch.equal(fused_logits, logits_of(runner, prompt, continuation))

@@ -48,7 +48,6 @@ import torch
 import torch.nn.functional as F
 
 from core.execution.model.fp8_format import dequantize_weight
-from core.execution.model.quantized_activations import ActivationLayout, QuantizedActivations
 
 log = logging.getLogger(__name__)
 ENV = "CADENCE_FP8_GEMM"
@@ -56,27 +55,17 @@ SCALED_MM_ROW_MULTIPLE = 16
 # Up to this many rows the Triton GEMM quantizes the activations itself (one launch, not two); above
 # it, every output column tile would quantize the rows again. A first guess, to measure.
 FUSED_QUANTIZATION_MAX_M = 16
-# How each GEMM wants activations that a kernel before it quantizes (`activation_layout`).
-TRITON_LAYOUT = ActivationLayout(rows_multiple=1, column_major_scales=False)
-SCALED_MM_LAYOUT = ActivationLayout(rows_multiple=SCALED_MM_ROW_MULTIPLE, column_major_scales=True)
-Activations = torch.Tensor | QuantizedActivations  # x [M, K] in the model's dtype, or already quantized
-Fp8Gemm = Callable[[Activations, torch.Tensor, torch.Tensor], torch.Tensor]
+Fp8Gemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def dequant_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
-    assert isinstance(x, torch.Tensor), "weight-only FP8 takes its activations unquantized"
     return F.linear(x, dequantize_weight(weight, weight_scale_inv).to(x.dtype))
 
 
-def triton_gemm(x: Activations, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
     from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
 
-    if isinstance(x, QuantizedActivations):  # quantized by the kernel before (TRITON_LAYOUT)
-        x_q, x_scales = x.q[: x.rows], x.scales[: x.rows]
-        if x.rows <= GEMV_MAX_M:
-            return fp8_gemv(x_q, x_scales, weight, weight_scale_inv, x.dtype)
-        return block_fp8_matmul(x_q, x_scales, weight, weight_scale_inv, x.dtype)
     if x.shape[0] <= GEMV_MAX_M:  # decode: a weight read, on the CUDA cores
         return fp8_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
     if x.shape[0] <= FUSED_QUANTIZATION_MAX_M:  # decode: the GEMM quantizes its rows itself
@@ -85,76 +74,40 @@ def triton_gemm(x: Activations, weight: torch.Tensor, weight_scale_inv: torch.Te
     return block_fp8_matmul(x_q, x_scales, weight, weight_scale_inv, x.dtype)
 
 
-def scaled_mm_gemm(x: Activations, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from torch.nn.functional import ScalingType, SwizzleType
 
     from core.execution.model.fp8_kernels import quantize_activations
 
-    if _scaled_mm_refuses(weight_scale_inv):
+    if weight_scale_inv.shape[1] % 4:  # torch wants the K blocks' scales in fours (TP 4 and 8 shards)
         return triton_gemm(x, weight, weight_scale_inv)
-    if isinstance(x, QuantizedActivations):  # quantized by the kernel before (SCALED_MM_LAYOUT)
-        m, out_dtype, x_q, x_scales = x.rows, x.dtype, x.q, x.scales
-    else:
-        m, out_dtype = x.shape[0], x.dtype
-        rows = -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
-        # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
-        x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=rows)
+    m = x.shape[0]
+    rows = -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
+    # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
+    x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=rows)
     # weight.t() is [K, N] column-major; weight_scale_inv.t() is [K/128, N/128] with stride (1, K/128).
     out = F.scaled_mm(x_q, weight.t(), x_scales, ScalingType.BlockWise1x128, weight_scale_inv.t(),
                       ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
-                      swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=out_dtype)
-    return out if out.shape[0] == m else out[:m]
+                      swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=x.dtype)
+    return out if rows == m else out[:m]
 
 
-def _scaled_mm_refuses(weight_scale_inv: torch.Tensor) -> bool:
-    return weight_scale_inv.shape[1] % 4 != 0  # torch wants the K blocks' scales in fours (TP 4 and 8 shards)
+def mixed_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+    from core.execution.model.fp8_gemv import fp8_gemv, gemv_beats_scaled_mm
+    from core.execution.model.fp8_kernels import num_sms_of, quantize_activations
 
-
-def mixed_gemm(x: Activations, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
-    if _gemv_serves(_rows(x), weight):
-        return triton_gemm(x, weight, weight_scale_inv)  # up to GEMV_MAX_M rows: the GEMV
+    if gemv_beats_scaled_mm(x.shape[0], weight.shape[0], num_sms_of(x.device)):
+        return fp8_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
     return scaled_mm_gemm(x, weight, weight_scale_inv)
 
 
-def row_gemv_gemm(x: Activations, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from core.execution.model.fp8_kernels import quantize_activations
     from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, fp8_row_gemv
 
-    if _rows(x) > ROW_GEMV_MAX_M:
-        return scaled_mm_gemm(x, weight, weight_scale_inv)
-    if isinstance(x, QuantizedActivations):  # quantized by the kernel before (TRITON_LAYOUT)
-        return fp8_row_gemv(x.q[: x.rows], x.scales[: x.rows], weight, weight_scale_inv, x.dtype)
-    return fp8_row_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
-
-
-def _rows(x: Activations) -> int:
-    return x.rows if isinstance(x, QuantizedActivations) else x.shape[0]
-
-
-def _gemv_serves(m: int, weight: torch.Tensor) -> bool:
-    from core.execution.model.fp8_gemv import gemv_beats_scaled_mm
-    from core.execution.model.fp8_kernels import num_sms_of
-
-    return gemv_beats_scaled_mm(m, weight.shape[0], num_sms_of(weight.device))
-
-
-def activation_layout(gemm: Fp8Gemm, m: int, weight: torch.Tensor, weight_scale_inv: torch.Tensor
-                      ) -> ActivationLayout | None:
-    """How `gemm` wants m rows of activations for this weight that a kernel before it quantizes
-    (fused.py), or None where it takes them unquantized: dequant, and any GEMM not named here."""
-    if gemm is triton_gemm:
-        return TRITON_LAYOUT
-    if gemm is row_gemv_gemm:
-        from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M
-
-        if m <= ROW_GEMV_MAX_M:
-            return TRITON_LAYOUT
-        return activation_layout(scaled_mm_gemm, m, weight, weight_scale_inv)
-    if gemm is scaled_mm_gemm or gemm is mixed_gemm:
-        if _scaled_mm_refuses(weight_scale_inv) or (gemm is mixed_gemm and _gemv_serves(m, weight)):
-            return TRITON_LAYOUT
-        return SCALED_MM_LAYOUT
-    return None
+    if x.shape[0] <= ROW_GEMV_MAX_M:
+        return fp8_row_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
+    return scaled_mm_gemm(x, weight, weight_scale_inv)
 
 
 @functools.cache

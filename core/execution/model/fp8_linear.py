@@ -11,8 +11,7 @@ With `--quantization fp8` (or dummy weights) the checkpoint holds the weights in
 each rank loads its shard in the model's dtype and quantizes it after loading, block by block of
 the full matrix, so the result equals what a quantized checkpoint of the same weights would load.
 Modules the checkpoint's `modules_to_not_convert` names stay in the model's dtype
-(UnquantizedLinearMethod). The matmul is the GEMM `fp8_gemm.choose_gemm` picks for the device; where
-it quantizes the activations, the kernel before the layer may do so (`input_layout`).
+(UnquantizedLinearMethod). The matmul is the GEMM `fp8_gemm.choose_gemm` picks for the device.
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ from torch import nn
 from core.config import ModelConfig
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fp8_format import BLOCK, FP8_DTYPE, quantize_weight
-from core.execution.model.fp8_gemm import activation_layout, choose_gemm
+from core.execution.model.fp8_gemm import choose_gemm
 from core.execution.model.linear_method import LinearMethod
-from core.execution.model.quantized_activations import ActivationLayout, QuantizedActivations
 from core.execution.model.unquantized_linear import UnquantizedLinearMethod
 
 
@@ -73,10 +71,7 @@ class Fp8LinearMethod(LinearMethod):
             layer.weight = nn.Parameter(weight, requires_grad=False)
             layer.weight_scale_inv = nn.Parameter(scale_inv, requires_grad=False)
 
-    def input_layout(self, layer: nn.Module, num_tokens: int) -> ActivationLayout | None:
-        return activation_layout(self.gemm, num_tokens, layer.weight, layer.weight_scale_inv)
-
-    def apply(self, layer: nn.Module, x: torch.Tensor | QuantizedActivations) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x, layer.weight, layer.weight_scale_inv)
 
 

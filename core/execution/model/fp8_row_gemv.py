@@ -49,8 +49,9 @@ def row_gemv_tiles(m: int, n: int, k: int) -> RowGemvTiles:
 
 
 # The token is the grid's fastest axis, so a step's tokens read the same weight rows together (the
-# second read comes from L2). The token count and the strides that follow it are not specialized on.
-@triton.jit(do_not_specialize=["stride_xm", "stride_xsm", "stride_cm"])
+# second read comes from L2). The row strides are specialized on (Triton learns they are multiples
+# of 16): without that, a token's row of x cannot be loaded in 16-byte vectors.
+@triton.jit
 def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_xsm, stride_xsg,
                      stride_wn, stride_wsn, stride_wsk, stride_cm, K: tl.constexpr,
                      ROWS: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, EVEN: tl.constexpr):

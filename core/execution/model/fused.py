@@ -10,11 +10,6 @@ SiLU * up three, plus the residual adds. Called by layers.py and qwen3.py beside
   programs moving 256 bytes each, at a fifth of the bandwidth).
 - `silu_mul`: SiLU(gate) * up over the packed gate_up projection's output.
 
-`rms_norm`, `add_rms_norm` and `silu_mul` take `quantize` (an ActivationLayout, from the FP8 layer
-their output feeds): then they write that output quantized for the product (fp8 per token and 128
-columns, as `fp8_kernels.quantize_activations` would from the unquantized output, exactly) and
-return a QuantizedActivations: one kernel, one pass over the activations, fewer launches.
-
 Each function runs its Triton kernel on CUDA tensors (when triton is installed) and otherwise the
 unfused torch ops, which are the model's definition; `use_triton` forces either (the tests run the
 kernels on the CPU through the Triton interpreter). The kernels round where the torch ops round:
@@ -28,15 +23,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from core.execution.model.fp8_format import BLOCK as GROUP
-from core.execution.model.fp8_format import FP8_MAX, MIN_AMAX
-from core.execution.model.quantized_activations import (
-    ActivationLayout,
-    QuantizedActivations,
-    allocate,
-    quantize_reference,
-)
 
 try:
     import triton
@@ -66,62 +52,44 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 # --- residual add + RMSNorm ----------------------------------------------------------------------
 
 
-Normed = torch.Tensor | QuantizedActivations
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, use_triton: bool | None = None,
-             quantize: ActivationLayout | None = None) -> Normed:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
+             use_triton: bool | None = None) -> torch.Tensor:
     """RMSNorm over the last dim: normalised in float32, cast to x's dtype, then scaled by weight."""
     if not _triton_runs(x, use_triton):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-        return _maybe_quantized(weight * x32.to(x.dtype), quantize)
-    return _rms_norm_triton(x, None, weight, eps, quantize)[0]
+        return weight * x32.to(x.dtype)
+    return _rms_norm_triton(x, None, weight, eps)[0]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
-                 use_triton: bool | None = None, quantize: ActivationLayout | None = None
-                 ) -> tuple[Normed, torch.Tensor]:
+                 use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual), the sum rounded to x's dtype."""
     if not _triton_runs(x, use_triton):
         new_residual = x + residual
-        return rms_norm(new_residual, weight, eps, use_triton=False, quantize=quantize), new_residual
-    return _rms_norm_triton(x, residual, weight, eps, quantize)
+        return rms_norm(new_residual, weight, eps, use_triton=False), new_residual
+    return _rms_norm_triton(x, residual, weight, eps)
 
 
-def _maybe_quantized(out: torch.Tensor, quantize: ActivationLayout | None) -> Normed:
-    return out if quantize is None else quantize_reference(out.reshape(-1, out.shape[-1]), quantize)
-
-
-def _rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                     quantize: ActivationLayout | None) -> tuple[Normed, torch.Tensor | None]:
+def _rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     size = x.shape[-1]
     rows = _rows(x)
-    out_dtype = torch.promote_types(weight.dtype, x.dtype)
-    if quantize is None:
-        out = result = torch.empty(rows.shape, dtype=out_dtype, device=x.device)
-        scales = out  # unused: QUANTIZE is off
-    else:
-        assert out_dtype == x.dtype, "a quantizing norm rounds its output to x's dtype first"
-        result = allocate(rows.shape[0], size, quantize, x.dtype, x.device)
-        out, scales = result.q, result.scales
+    out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     if residual is None:
         residual_rows = new_residual = rows  # unread and unwritten: HAS_RESIDUAL is off
     else:
         residual_rows = _rows(residual)
         new_residual = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    block = _next_power_of_2(size) if quantize is None else max(GROUP, _next_power_of_2(size))
+    block = _next_power_of_2(size)
     _rms_norm_kernel[(rows.shape[0],)](
-        rows, residual_rows, weight, out, new_residual, scales,
-        rows.stride(0), residual_rows.stride(0), scales.stride(0), scales.stride(1), size, eps,
-        HAS_RESIDUAL=residual is not None, QUANTIZE=quantize is not None, BLOCK=block, GROUP_=GROUP,
-        FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX,
+        rows, residual_rows, weight, out, new_residual,
+        rows.stride(0), residual_rows.stride(0), size, eps,
+        HAS_RESIDUAL=residual is not None, BLOCK=block,
         # 16 values a thread (two 16-byte loads in bf16): 16 warps for Qwen3-14B's 5,120.
         num_warps=max(1, min(16, block // 512)), enable_fp_fusion=False,
     )
-    if quantize is None:
-        result = out.view(x.shape)
-    return result, None if residual is None else new_residual.view(x.shape)
+    return out.view(x.shape), None if residual is None else new_residual.view(x.shape)
 
 
 # --- per-head q/k RMSNorm + RoPE -----------------------------------------------------------------
@@ -177,55 +145,28 @@ def _heads_per_program(num_q_heads: int, num_kv_heads: int) -> int:
 SILU_BLOCK = 1024  # 8 values a thread on 4 warps: 16-byte loads in bf16
 
 
-def silu_mul(gate_up: torch.Tensor, *, use_triton: bool | None = None,
-             quantize: ActivationLayout | None = None) -> Normed:
+def silu_mul(gate_up: torch.Tensor, *, use_triton: bool | None = None) -> torch.Tensor:
     """gate_up [..., 2 * I] (gate first, up second) -> SiLU(gate) * up [..., I]."""
     size = gate_up.shape[-1] // 2
     if not _triton_runs(gate_up, use_triton):
         gate, up = gate_up.split(size, dim=-1)
-        return _maybe_quantized(F.silu(gate) * up, quantize)
+        return F.silu(gate) * up
     rows = _rows(gate_up)
-    if quantize is None:
-        out = torch.empty(rows.shape[0], size, dtype=gate_up.dtype, device=gate_up.device)
-        scales = out  # unused: QUANTIZE is off
-    else:
-        result = allocate(rows.shape[0], size, quantize, gate_up.dtype, gate_up.device)
-        out, scales = result.q, result.scales
+    out = torch.empty(rows.shape[0], size, dtype=gate_up.dtype, device=gate_up.device)
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(size, SILU_BLOCK))](
-        rows, out, scales, rows.stride(0), scales.stride(0), scales.stride(1), size, BLOCK=SILU_BLOCK,
-        QUANTIZE=quantize is not None, GROUP_=GROUP, FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX, num_warps=4,
-        enable_fp_fusion=False,
+        rows, out, rows.stride(0), size, BLOCK=SILU_BLOCK, num_warps=4, enable_fp_fusion=False,
     )
-    return out.view(*gate_up.shape[:-1], size) if quantize is None else result
+    return out.view(*gate_up.shape[:-1], size)
 
 
 # --- the kernels ---------------------------------------------------------------------------------
 
 if triton is not None:
-    from core.execution.model.fp8_kernels import _quantize_rows
 
     @triton.jit
-    def _store_output(out, out_row_ptr, scale_row_ptr, stride_scale_group, cols, first_col, size,
-                      QUANTIZE: tl.constexpr, BLOCK: tl.constexpr, GROUP_: tl.constexpr,
-                      FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
-        """Store a row's BLOCK output values (`cols`, from `first_col`, a multiple of GROUP_): as
-        they are, or (QUANTIZE) as `_quantize_groups_kernel` quantizes them, each GROUP_ columns
-        with its scale."""
-        if QUANTIZE:
-            values = tl.reshape(out.to(tl.float32), (BLOCK // GROUP_, GROUP_))
-            group_cols = tl.reshape(cols, (BLOCK // GROUP_, GROUP_))
-            q, scale = _quantize_rows(values, FP8_MAX_, MIN_AMAX_)
-            tl.store(out_row_ptr + group_cols, q.to(out_row_ptr.dtype.element_ty), mask=group_cols < size)
-            groups = first_col // GROUP_ + tl.arange(0, BLOCK // GROUP_)
-            tl.store(scale_row_ptr + groups * stride_scale_group, scale, mask=groups * GROUP_ < size)
-        else:
-            tl.store(out_row_ptr + cols, out.to(out_row_ptr.dtype.element_ty), mask=cols < size)
-
-    @triton.jit
-    def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr, scale_ptr,
-                         stride_x, stride_residual, stride_scale_row, stride_scale_group, size, eps,
-                         HAS_RESIDUAL: tl.constexpr, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr,
-                         GROUP_: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
+    def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr,
+                         stride_x, stride_residual, size, eps,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < size
@@ -239,10 +180,7 @@ if triton is not None:
         normed = (x * rstd).to(x_ptr.dtype.element_ty)
         weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
         out = weight.to(tl.float32) * normed.to(tl.float32)
-        if QUANTIZE:  # rounded to the activations' dtype first, as the unfused output would be
-            out = out.to(x_ptr.dtype.element_ty)
-        _store_output(out, out_ptr + row * size, scale_ptr + row * stride_scale_row, stride_scale_group,
-                      cols, 0, size, QUANTIZE, BLOCK, GROUP_, FP8_MAX_, MIN_AMAX_)
+        tl.store(out_ptr + row * size + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _norm_rope_heads(x_ptr, stride_head, out_ptr, weight_ptr, cos, sin, heads, dims, mask, eps,
@@ -287,18 +225,12 @@ if triton is not None:
                              k_weight_ptr, cos, sin, heads, dims, mask, eps, HALF)
 
     @triton.jit
-    def _silu_mul_kernel(gate_up_ptr, out_ptr, scale_ptr, stride_gate_up, stride_scale_row,
-                         stride_scale_group, size, BLOCK: tl.constexpr, QUANTIZE: tl.constexpr,
-                         GROUP_: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
+    def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_gate_up, size, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        first_col = tl.program_id(1) * BLOCK
-        cols = first_col + tl.arange(0, BLOCK)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < size
         gate = tl.load(gate_up_ptr + row * stride_gate_up + cols, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(gate_up_ptr + row * stride_gate_up + size + cols, mask=mask, other=0.0)
         silu = (gate / (1.0 + tl.exp(-gate))).to(up.dtype)
         out = silu.to(tl.float32) * up.to(tl.float32)
-        if QUANTIZE:  # rounded to the activations' dtype first, as the unfused output would be
-            out = out.to(up.dtype)
-        _store_output(out, out_ptr + row * size, scale_ptr + row * stride_scale_row, stride_scale_group,
-                      cols, first_col, size, QUANTIZE, BLOCK, GROUP_, FP8_MAX_, MIN_AMAX_)
+        tl.store(out_ptr + row * size + cols, out.to(out_ptr.dtype.element_ty), mask=mask)

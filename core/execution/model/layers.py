@@ -16,9 +16,8 @@ from torch import nn
 
 from core.execution.distributed import TPGroup
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
-from core.execution.model.fused import Normed, add_rms_norm, rms_norm
+from core.execution.model.fused import add_rms_norm, rms_norm
 from core.execution.model.linear_method import LinearMethod
-from core.execution.model.quantized_activations import ActivationLayout
 
 
 class RMSNorm(nn.Module):
@@ -30,12 +29,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                quantize: ActivationLayout | None = None) -> Normed | tuple[Normed, torch.Tensor]:
-        """`quantize`: the output quantized for the FP8 layer it feeds (its `input_layout`)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
-            return rms_norm(x, self.weight, self.eps, quantize=quantize)
-        return add_rms_norm(x, residual, self.weight, self.eps, quantize=quantize)
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
     def checkpoint_slices(self, prefix: str) -> SliceMap:
         return {f"{prefix}.weight": ("weight", CheckpointSlice(tuple(self.weight.shape)))}
@@ -61,10 +59,7 @@ class ColumnParallelLinear(nn.Module):
         self.linear_method = linear_method.method_for(self.matrix_names)
         self.linear_method.create_weights(self, in_features, self.local_sizes)
 
-    def input_layout(self, num_tokens: int) -> ActivationLayout | None:
-        return self.linear_method.input_layout(self, num_tokens)
-
-    def forward(self, x: Normed) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_method.apply(self, x)
 
     def checkpoint_slices(self) -> SliceMap:
@@ -94,10 +89,7 @@ class RowParallelLinear(nn.Module):
         self.linear_method = linear_method.method_for([prefix])
         self.linear_method.create_weights(self, self.local_in, [out_features])
 
-    def input_layout(self, num_tokens: int) -> ActivationLayout | None:
-        return self.linear_method.input_layout(self, num_tokens)
-
-    def forward(self, x: Normed) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.linear_method.apply(self, x))
 
     def checkpoint_slices(self) -> SliceMap:

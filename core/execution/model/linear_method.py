@@ -18,7 +18,6 @@ from torch import nn
 
 from core.config import ModelConfig
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
-from core.execution.model.quantized_activations import ActivationLayout, QuantizedActivations
 from core.execution.registry import registered_class
 from core.registry import LINEAR_METHODS
 
@@ -51,15 +50,9 @@ class LinearMethod(ABC):
         """Turn the loaded parameters into the ones `apply` multiplies (FP8 quantizes a weight loaded
         in the model's dtype); called once per layer after the last tensor is in."""
 
-    def input_layout(self, layer: nn.Module, num_tokens: int) -> ActivationLayout | None:
-        """How `apply` wants num_tokens rows of input that the kernel before the layer quantizes
-        (quantized_activations.py); None: unquantized, a tensor."""
-        return None
-
     @abstractmethod
-    def apply(self, layer: nn.Module, x: torch.Tensor | QuantizedActivations) -> torch.Tensor:
-        """x [T, in_features] times this rank's weight transposed: [T, sum(out_sizes)]. x is a
-        QuantizedActivations only where `input_layout` asked for one."""
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in_features] times this rank's weight transposed: [T, sum(out_sizes)]."""
 
 
 def linear_method_for(config: ModelConfig) -> LinearMethod:

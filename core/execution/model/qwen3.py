@@ -20,7 +20,7 @@ from core.execution.distributed import TPGroup
 from core.execution.kv_cache import KVCache
 from core.execution.model.causal_lm import CausalLM
 from core.execution.model.checkpoint_slice import SliceMap
-from core.execution.model.fused import Normed, qk_norm_rope, silu_mul
+from core.execution.model.fused import qk_norm_rope, silu_mul
 from core.execution.model.layers import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -55,9 +55,9 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, hidden: Normed, positions: torch.Tensor, rope: RotaryEmbedding,
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 kv_cache: KVCache, backend: AttentionBackend, meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = positions.shape[0]
+        num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # [T, heads, head_dim]; Qwen3 normalises q and k per head before RoPE.
         q, k = qk_norm_rope(q.reshape(num_tokens, self.num_heads, self.head_dim),
@@ -87,9 +87,8 @@ class Qwen3MLP(nn.Module):
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, tp, linear,
                                            f"{prefix}.down_proj")
 
-    def forward(self, x: Normed) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        return self.down_proj(silu_mul(gate_up, quantize=self.down_proj.input_layout(gate_up.shape[0])))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
     def checkpoint_slices(self) -> SliceMap:
         return {
@@ -111,18 +110,13 @@ class Qwen3DecoderLayer(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, residual) -> (mlp output, residual stream before it); their sum is the layer's
         output. The first layer gets residual None: its input is the embedding."""
-        num_tokens = positions.shape[0]
-        # An FP8 layer's input comes quantized out of the norm before it (None: not quantized).
         if residual is None:
-            normed = self.input_layernorm(hidden, quantize=self.self_attn.qkv_proj.input_layout(num_tokens))
-            residual = hidden
+            hidden, residual = self.input_layernorm(hidden), hidden
         else:
-            normed, residual = self.input_layernorm(
-                hidden, residual, quantize=self.self_attn.qkv_proj.input_layout(num_tokens))
-        hidden = self.self_attn(normed, positions, rope, kv_cache, backend, meta)
-        normed, residual = self.post_attention_layernorm(
-            hidden, residual, quantize=self.mlp.gate_up_proj.input_layout(num_tokens))
-        return self.mlp(normed), residual
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, positions, rope, kv_cache, backend, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
     def checkpoint_slices(self, prefix: str) -> SliceMap:
         return {
