@@ -37,10 +37,11 @@ from core.execution.model.fp8_format import quantize_weight, reference_matmul
 from core.execution.model.fp8_gemm import scaled_mm_gemm, triton_gemm
 from core.execution.model.fp8_gemv import GemvTiles, fp8_gemv
 from core.execution.model.fp8_kernels import MatmulTiles, block_fp8_matmul, quantize_activations
-from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, RowGemvTiles, fp8_row_gemv
+from core.execution.model.fp8_row_gemv import RowGemvTiles, fp8_row_gemv
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 256, 1784, 8192)
 ROTATED_BYTES = 200e6
+ROW_GEMV_MEASURED_M = 8  # it serves one row; 2-8 show what a second token costs it
 Call = Callable[[int], torch.Tensor]  # copy index -> output
 
 
@@ -106,7 +107,7 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
                 tiles = GemvTiles(block_n, split_k, stages, 4)
                 calls[f"gemv n{block_n} s{split_k} st{stages}"] = (
                     lambda i, tiles=tiles: fp8_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16, tiles))
-    if m <= 2 * ROW_GEMV_MAX_M:
+    if m <= ROW_GEMV_MEASURED_M:
         calls["row gemv"] = lambda i: fp8_row_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16)
         for rows, chunk, warps in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8)):
             if m == 1:

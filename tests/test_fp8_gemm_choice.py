@@ -1,7 +1,7 @@
 """Which FP8 GEMM a layer gets (core/execution/model/fp8_gemm.choose_gemm): auto takes cuBLAS's
-block-scaled scaled_mm where it runs (`mixed`, with the GEMV for one row of a gate/up-wide
-product, only when named) and says so when it falls back to the Triton kernels; a name
-that cannot run here is refused with the reason."""
+block-scaled scaled_mm where it runs, with the row GEMV for steps of one row (`row_gemv`; cuBLAS at
+every row count only when `scaled_mm` is named), and says so when it falls back to the Triton
+kernels; a name that cannot run here is refused with the reason."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def test_auto_is_dequant_on_the_cpu(scaled_mm):
     assert fp8_gemm.choose_gemm(torch.device("cpu")) is fp8_gemm.dequant_gemm
 
 
-def test_auto_is_scaled_mm_where_it_runs(scaled_mm):
-    assert fp8_gemm.choose_gemm(CUDA) is fp8_gemm.scaled_mm_gemm
+def test_auto_is_scaled_mm_with_the_row_gemv_at_one_row_where_it_runs(scaled_mm):
+    assert fp8_gemm.choose_gemm(CUDA) is fp8_gemm.row_gemv_gemm
 
 
 def test_auto_falls_back_to_triton_and_says_why(scaled_mm, caplog):
@@ -48,15 +48,15 @@ def test_the_environment_names_the_gemm(scaled_mm, monkeypatch):
     assert fp8_gemm.choose_gemm(CUDA) is fp8_gemm.triton_gemm
     monkeypatch.setenv(fp8_gemm.ENV, "dequant")
     assert fp8_gemm.choose_gemm(CUDA) is fp8_gemm.dequant_gemm
-    monkeypatch.setenv(fp8_gemm.ENV, "mixed")  # the GEMV for one row of gate/up, cuBLAS elsewhere
-    assert fp8_gemm.choose_gemm(CUDA) is fp8_gemm.mixed_gemm
+    monkeypatch.setenv(fp8_gemm.ENV, "scaled_mm")  # cuBLAS at every row count
+    assert fp8_gemm.choose_gemm(CUDA) is fp8_gemm.scaled_mm_gemm
 
 
 @pytest.mark.parametrize("name,device,message", [
     ("cutlass", CUDA, "'cutlass' is not an FP8 GEMM"),
     ("triton", torch.device("cpu"), "needs a CUDA device"),
     ("scaled_mm", CUDA, "cannot run the block-scaled scaled_mm here (no block scales)"),
-    ("mixed", CUDA, "CADENCE_FP8_GEMM=mixed: torch"),
+    ("row_gemv", CUDA, "CADENCE_FP8_GEMM=row_gemv: torch"),
 ])
 def test_a_gemm_that_cannot_run_here_is_refused_with_the_reason(scaled_mm, name, device, message):
     scaled_mm["reason"] = "no block scales"

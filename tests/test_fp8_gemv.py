@@ -25,7 +25,6 @@ from core.execution.model.fp8_gemv import (  # noqa: E402
     GEMV_MAX_M,
     GemvTiles,
     fp8_gemv,
-    gemv_beats_scaled_mm,
     gemv_tiles,
 )
 from core.execution.model.fp8_kernels import quantize_activations  # noqa: E402
@@ -107,14 +106,6 @@ def test_decode_tiles_for_the_qwen3_14b_products_are_the_measured_ones():
         for m in range(1, GEMV_MAX_M + 1):
             tiles = gemv_tiles(m, n, k, num_sms=132)
             assert 128 % tiles.block_n == 0 and tiles.split_k in (1, 2)
-
-
-def test_the_gemv_takes_over_from_cublas_only_where_it_measured_faster():
-    # one row of gate/up (34,816 columns) on an H100's 132 SMs; not two rows, not the narrow products
-    assert gemv_beats_scaled_mm(1, 34816, num_sms=132)
-    assert not gemv_beats_scaled_mm(2, 34816, num_sms=132)
-    for n in (7168, 5120, 17408):  # qkv; o and down; gate/up of a TP 2 shard
-        assert not gemv_beats_scaled_mm(1, n, num_sms=132)
 
 
 def test_the_gemv_is_for_a_few_rows():

@@ -90,9 +90,9 @@ def test_half_precision_output_is_the_float32_result_rounded_once():
 
 
 def test_default_tiles_are_the_measured_ones():
-    assert row_gemv_tiles(1, 7168, 5120) == RowGemvTiles(rows=4, chunk=2048, num_warps=4)
-    assert row_gemv_tiles(1, 5120, 17408) == RowGemvTiles(rows=4, chunk=2048, num_warps=4)
-    assert row_gemv_tiles(1, 64, 100) == RowGemvTiles(rows=4, chunk=128, num_warps=4)
+    assert row_gemv_tiles(1, 7168, 5120) == RowGemvTiles(rows=2, chunk=2048, num_warps=4)
+    assert row_gemv_tiles(1, 5120, 17408) == RowGemvTiles(rows=2, chunk=2048, num_warps=4)
+    assert row_gemv_tiles(1, 64, 100) == RowGemvTiles(rows=2, chunk=128, num_warps=4)
 
 
 @pytest.mark.parametrize("m", [2, 4])

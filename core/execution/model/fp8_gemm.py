@@ -6,35 +6,33 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
 * `dequant`: the weight dequantized to x's dtype, then one ordinary matmul; the activations stay
   as they are (weight-only quantization). The CPU serves this, and it is the tests' reference.
 * `triton`: activations quantized per token and 128 columns (`fp8_kernels.quantize_activations`),
-  then up to GEMV_MAX_M rows (decode) the CUDA-core GEMV of fp8_gemv.py, above the block-scaled
-  tensor-core GEMM of fp8_kernels.py (up to 16 rows it quantizes the rows itself).
+  then at one row the row GEMV of fp8_row_gemv.py, up to GEMV_MAX_M rows (decode) the CUDA-core
+  GEMV of fp8_gemv.py, above the block-scaled tensor-core GEMM of fp8_kernels.py (up to 16 rows it
+  quantizes the rows itself).
 * `scaled_mm`: the same activation quantization, into a row count padded to a multiple of 16, then
   torch's `scaled_mm` with 1 x 128 and 128 x 128 block scales (cuBLASLt; PyTorch >= 2.10 built with
   CUDA >= 12.9, Hopper). cuBLAS refused 1 and 9 rows on an H100 with torch 2.11 and ran 16, 32, 64,
   256, 1,784 and 8,192, hence the padding; a decode step's padded rows cost nothing, the step
   reads the weight once either way.
-* `mixed`: scaled_mm, except one row of a product as wide as gate/up, which the GEMV of the
-  triton path reads faster (`fp8_gemv.gemv_beats_scaled_mm`). Measured on one H100, back to back:
-  concurrency-1 TPOT 7.83 ms against scaled_mm's 8.31. Not the default: scaled_mm pads every
-  decode step of up to 16 rows to the same 16-row product, so a request's numbers do not depend
-  on how many others share its step; with mixed a request alone computes gate/up another way
-  than in a batch, FP8's activation quantization amplifies the difference, and the GPU
-  generalization matrix passed 22 of 30 cells against scaled_mm's 26 (seeded sampling and
-  stop strings no longer reproduced their reference run).
+* `row_gemv`: scaled_mm, except a step of one row (decode at concurrency 1), which takes the row
+  GEMV of fp8_row_gemv.py: a program owns whole weight rows and reads them like a plain read of
+  the weight. Measured on one H100 at one row (`python -m benchmarks.fp8_tiles`, quantization
+  included): 132 us a layer against scaled_mm's 164 (qkv 18.7 / 21.2, o 14.4 / 20.0, gate/up
+  64.1 / 79.3, down 34.8 / 43.6); at two rows it loses (175 against 164), hence one. Served back to
+  back: concurrency-1 TPOT 6.84 ms against scaled_mm's 8.11. A request decoding alone computes
+  its products otherwise than in a step of several (scaled_mm pads every step of up to 16 rows to
+  one 16-row product), so in FP8, whose activation quantization turns last-bit differences into
+  steps, its greedy tokens may differ at near-ties between the two (vLLM and SGLang make the same
+  trade: their kernels change with the batch size).
 
-* `row_gemv`: scaled_mm, except decode steps of up to ROW_GEMV_MAX_M rows, which take the CUDA-core
-  GEMV of fp8_row_gemv.py (a program owns whole weight rows, shaped like a plain read of the weight).
-  An experiment until measured served.
-
-`CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm, mixed, row_gemv) chooses for every FP8 layer
-of the process; auto is scaled_mm where it runs (checked once on a small product), else triton, and
-dequant on the CPU; scaled_mm or mixed named explicitly is refused at start, with cuBLAS's reason,
-where it cannot run.
+`CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm, row_gemv) chooses for every FP8 layer of the
+process; auto is row_gemv where cuBLAS's block-scaled scaled_mm runs (checked once on a small
+product), else triton, and dequant on the CPU; scaled_mm or row_gemv named explicitly is refused at
+start, with cuBLAS's reason, where it cannot run.
 Measured on an H100 (docs/reports/h100/fp8): per GEMM (`python -m benchmarks.fp8_tiles`) scaled_mm
-runs the prefill shapes at 950-1,150 TFLOP/s against 700-800 for the Triton GEMM and a decode
-layer in 162 us against the GEMV's 171 and bf16's 246; served, FP8 with scaled_mm decodes at
-8.37 ms a token (bf16 11.37) and runs 1,784/256 at concurrency 302 at 19,949-19,998 tok/s (two runs;
-bf16 14,786).
+runs the prefill shapes at 950-1,150 TFLOP/s against 700-800 for the Triton GEMM; served, FP8 with
+scaled_mm decodes at 8.37 ms a token (bf16 11.37) and runs 1,784/256 at concurrency 302 at
+19,949-19,998 tok/s (two runs; bf16 14,786).
 """
 
 from __future__ import annotations
@@ -65,7 +63,10 @@ def dequant_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.
 def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
     from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
+    from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, fp8_row_gemv
 
+    if x.shape[0] <= ROW_GEMV_MAX_M:  # decode at concurrency 1: whole weight rows a program
+        return fp8_row_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
     if x.shape[0] <= GEMV_MAX_M:  # decode: a weight read, on the CUDA cores
         return fp8_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
     if x.shape[0] <= FUSED_QUANTIZATION_MAX_M:  # decode: the GEMM quantizes its rows itself
@@ -90,15 +91,6 @@ def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torc
                       ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
                       swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=x.dtype)
     return out if rows == m else out[:m]
-
-
-def mixed_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
-    from core.execution.model.fp8_gemv import fp8_gemv, gemv_beats_scaled_mm
-    from core.execution.model.fp8_kernels import num_sms_of, quantize_activations
-
-    if gemv_beats_scaled_mm(x.shape[0], weight.shape[0], num_sms_of(x.device)):
-        return fp8_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
-    return scaled_mm_gemm(x, weight, weight_scale_inv)
 
 
 def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
@@ -133,8 +125,8 @@ def _log_auto_choice(device: torch.device, name: str) -> None:
 
 
 FP8_GEMMS: dict[str, Fp8Gemm] = {"dequant": dequant_gemm, "triton": triton_gemm, "scaled_mm": scaled_mm_gemm,
-                                  "mixed": mixed_gemm, "row_gemv": row_gemv_gemm}
-NEEDS_SCALED_MM = ("scaled_mm", "mixed", "row_gemv")
+                                  "row_gemv": row_gemv_gemm}
+NEEDS_SCALED_MM = ("scaled_mm", "row_gemv")
 
 
 def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:
@@ -144,7 +136,7 @@ def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:
         if device.type != "cuda":
             name = "dequant"
         else:
-            name = "triton" if scaled_mm_unavailable(device) else "scaled_mm"
+            name = "triton" if scaled_mm_unavailable(device) else "row_gemv"
             _log_auto_choice(device, name)
     if name not in FP8_GEMMS:
         raise ValueError(f"{ENV}={name!r} is not an FP8 GEMM: use auto or one of {', '.join(FP8_GEMMS)}")

@@ -86,14 +86,6 @@ def gemv_tiles(m: int, n: int, k: int, num_sms: int = 132) -> GemvTiles:
     return GemvTiles(block_n, split_k=2 if k >= 2 * n else 1, num_stages=3, num_warps=4)
 
 
-def gemv_beats_scaled_mm(m: int, n: int, num_sms: int = 132) -> bool:
-    """Whether this GEMV outruns cuBLAS's block-scaled GEMM (its rows padded to 16): at one row on a
-    product wide enough for 32 columns a program and 8 programs an SM (gate/up). Measured on an
-    H100 at one row (`python -m benchmarks.fp8_tiles`): gate/up 68.6-71.8 us against 77.6-78.1;
-    at two rows 79.9 against 76.7; qkv, o and down 22-51 us against 20-43 at every row count."""
-    return m == 1 and triton.cdiv(n, 32) >= 8 * num_sms
-
-
 def fp8_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
              out_dtype: torch.dtype, tiles: GemvTiles | None = None) -> torch.Tensor:
     """x_q fp8 [M, K] with scales [M, ceil(K/128)] times the block-scaled fp8 weight [N, K]

@@ -31,8 +31,10 @@ import triton.language as tl
 
 from core.execution.model.fp8_format import BLOCK
 
-# Up to this many rows the CUDA cores multiply every weight byte M times; beyond, the tensor cores win.
-ROW_GEMV_MAX_M = 4
+# One token a program reads the weight once per token (the repeats mostly from L2): measured on an H100,
+# a layer of Qwen3-14B takes 132 us at one row against cuBLAS's 164, but 175 against 164 at two rows
+# and 290 against 164 at four. So the row GEMV serves steps of one row.
+ROW_GEMV_MAX_M = 1
 
 
 class RowGemvTiles(NamedTuple):
@@ -42,10 +44,10 @@ class RowGemvTiles(NamedTuple):
 
 
 def row_gemv_tiles(m: int, n: int, k: int) -> RowGemvTiles:
-    """4 rows a program, 2,048 columns a piece, 4 warps: the best at one row or within 2 % of it on
-    all four Qwen3-14B products on an H100 (`python -m benchmarks.fp8_tiles`; 1 and 8 rows, 512 and
-    1,024 columns and 8 warps were slower)."""
-    return RowGemvTiles(rows=4, chunk=min(2048, triton.next_power_of_2(max(k, BLOCK))), num_warps=4)
+    """2 rows a program, 2,048 columns a piece, 4 warps: the best at one row on all four Qwen3-14B
+    products on an H100 (`python -m benchmarks.fp8_tiles`; 1, 4 and 8 rows, 512 and 1,024 columns
+    and 8 warps were as fast or slower)."""
+    return RowGemvTiles(rows=2, chunk=min(2048, triton.next_power_of_2(max(k, BLOCK))), num_warps=4)
 
 
 # The token is the grid's fastest axis, so a step's tokens read the same weight rows together (the
