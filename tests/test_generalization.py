@@ -10,6 +10,8 @@ is specified on constructed outputs.
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from benchmarks.generalization.matrix import (
     base_config,
     format_table,
     parse_args,
+    pin_the_fp8_gemm,
     run_matrix,
 )
 from benchmarks.generalization.report import render_markdown
@@ -133,6 +136,22 @@ def test_the_multi_gpu_subset_skips_each_layout_without_its_cards_saying_how_man
     assert not report["passed"]  # nothing ran
     assert "TP 2, async scheduling on 2 GPUs" in format_table(report)
     assert f"{len(MULTI_GPU_LAYOUTS)} not run (too few GPUs visible" in render_markdown(report)
+
+
+def test_an_fp8_matrix_on_a_gpu_multiplies_alike_at_every_row_count_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("CADENCE_FP8_GEMM", raising=False)
+    cpu = base_config(parse_args(["--subset", "cpu", "--device", "cpu", "--quantization", "fp8"]))
+    pin_the_fp8_gemm(cpu)
+    assert "CADENCE_FP8_GEMM" not in os.environ  # the CPU serves FP8 through dequantized weights
+    pin_the_fp8_gemm(replace(cpu, device="cuda"))
+    assert os.environ["CADENCE_FP8_GEMM"] == "scaled_mm"
+    monkeypatch.setenv("CADENCE_FP8_GEMM", "row_gemv")  # named: kept
+    pin_the_fp8_gemm(replace(cpu, device="cuda"))
+    assert os.environ["CADENCE_FP8_GEMM"] == "row_gemv"
+    bf16 = base_config(parse_args(["--subset", "cpu", "--device", "cpu"]))
+    monkeypatch.delenv("CADENCE_FP8_GEMM")
+    pin_the_fp8_gemm(replace(bf16, device="cuda"))
+    assert "CADENCE_FP8_GEMM" not in os.environ
 
 
 def test_a_layout_the_model_refuses_is_not_run_and_says_why():

@@ -1,4 +1,5 @@
-"""Where a matrix run ran: platform, CPU, GPUs, python, torch and the Cadence commit, for its report."""
+"""Where a matrix run ran: platform, CPU, GPUs, python, torch, the Cadence commit and the FP8 GEMM
+named by the environment, for its report."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def environment() -> dict[str, object]:
         "platform": platform.platform(), "machine": platform.machine(), "processor": _cpu_name(),
         "cpu_count": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)), "gpus": gpus,
         "python": platform.python_version(), "torch": torch.__version__, "cadence_commit": _git_commit(),
+        "fp8_gemm": os.environ.get("CADENCE_FP8_GEMM"),  # None: auto (the servers inherit this process's)
     }
 
 

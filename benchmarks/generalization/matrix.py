@@ -34,6 +34,17 @@ the native `api.client.Client`), its cells run in order, and it is shut down bef
   --quantization fp8, a TP size that would split its 128 x 128 weight blocks) is not run, its
   cell saying why.
 
+With `--quantization fp8` on a GPU the servers multiply with cuBLAS's block-scaled scaled_mm at
+every row count (`CADENCE_FP8_GEMM=scaled_mm`, unless the environment names another GEMM), not the
+serving default, which takes steps of one row through the row GEMV: the cells compare one request's
+runs in steps of other sizes, scaled_mm computes every step of up to 16 rows alike, and the default
+does not (a request decoding alone gets other last bits than in a batch). FP8 on the random model
+turns such bits into other greedy tokens, often beyond what the near-tie rule can judge from the top
+100 logprobs (which span ~1.4 nats there); with the default the matrix passed 27 of 32 cells on an
+H100, every failure such a divergence (docs/reports/h100/fp8/matrix/row_gemv/). The row GEMV's own
+numbers are checked in tests/gpu/test_gpu_fp8.py (the 14B shapes against the reference, a token
+alone against itself in a step of several, the model's logits against exact GEMMs).
+
 `--subset multi-gpu` is the full subset's reference and, instead of the other servers, the layouts
 on cards of their own (MULTI_GPU_LAYOUTS: DP 2, 4, 8, TP 2, 4, 8, DP 2 x TP 2, and TP 2 with async
 scheduling), each with the layout cell. A layout needs one visible GPU per rank; where fewer are
@@ -230,10 +241,18 @@ def base_config(args: argparse.Namespace) -> EngineConfig:
                                              max_logprobs=max(config.scheduler.max_logprobs, TOP_LOGPROBS)))
 
 
+def pin_the_fp8_gemm(config: EngineConfig) -> None:
+    """FP8 on a GPU: cuBLAS's scaled_mm at every row count, unless the environment names a GEMM (the
+    servers inherit this process's environment; the module docstring says why)."""
+    if config.model.quantization == "fp8" and config.device.startswith("cuda"):
+        os.environ.setdefault("CADENCE_FP8_GEMM", "scaled_mm")
+
+
 def run_matrix(args: argparse.Namespace, on_progress: Callable[[dict], None] | None = None) -> dict:
     """Run the matrix the arguments describe; returns the report (see report.py).
     `on_progress` gets the report so far after every server (a long run killed midway keeps it)."""
     base = base_config(args)
+    pin_the_fp8_gemm(base)
     shape = make_shape(args.subset, base.cache.block_size, base.max_model_len)
     workload = Workload(shape, args.workload_seed)
     tolerance = Tolerance.for_dtype(base.model.dtype, args.logprob_atol, args.tie_tolerance,

@@ -51,6 +51,7 @@ def render_markdown(report: dict) -> str:
         f"| python | {env['python']} |",
         f"| torch | {env['torch']} |",
         f"| cadence commit | {env['cadence_commit'] or 'unknown'} |",
+        f"| CADENCE_FP8_GEMM | {env.get('fp8_gemm') or 'auto'} |",
         "",
         "## Settings",
         "",
