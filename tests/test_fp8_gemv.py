@@ -15,12 +15,18 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from fp8_cases import (  # noqa: E402
+    check_half_precision_is_the_float32_result_rounded_once,
+    check_strided_rows_and_a_zero_group,
+    decode_inputs,
+    relative_error,
+)
 from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
 from core.execution.model import fp8_gemv as gemv_module  # noqa: E402
-from core.execution.model.fp8_format import quantize_weight, reference_matmul  # noqa: E402
+from core.execution.model.fp8_format import reference_matmul  # noqa: E402
 from core.execution.model.fp8_gemv import (  # noqa: E402
     GEMV_MAX_M,
     GemvTiles,
@@ -42,17 +48,6 @@ def test_kernels_in_a_fresh_interpreter():
     run_in_fresh_interpreter(__file__, INTERPRETED)
 
 
-def inputs(m: int, n: int, k: int, seed: int):
-    generator = torch.Generator().manual_seed(seed)
-    x = 2.0 * torch.randn(m, k, generator=generator) * torch.logspace(-2, 1, k)  # groups of unlike ranges
-    weight, scale_inv = quantize_weight(0.05 * torch.randn(n, k, generator=generator))
-    return x, weight, scale_inv
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype,
          tiles: GemvTiles | None = None) -> torch.Tensor:
     return fp8_gemv(*quantize_activations(x), weight, scale_inv, out_dtype, tiles)
@@ -62,7 +57,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, out_dty
 @pytest.mark.parametrize("n,k", [(256, 512), (200, 384), (256, 200), (136, 1000)],
                          ids=["256x512", "ragged-n", "ragged-k", "ragged-both"])
 def test_gemv_equals_the_reference(m, n, k):
-    x, weight, scale_inv = inputs(m, n, k, seed=m + n + k)
+    x, weight, scale_inv = decode_inputs(m, n, k, seed=m + n + k)
     out = gemv(x, weight, scale_inv, torch.float32)
     assert out.shape == (m, n) and out.dtype == torch.float32
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
@@ -72,29 +67,18 @@ def test_gemv_equals_the_reference(m, n, k):
                                    GemvTiles(32, 4, 3, 2)], ids=str)
 @pytest.mark.parametrize("m", [1, 3])
 def test_every_tile_shape_and_split_gives_the_reference(tiles, m):
-    x, weight, scale_inv = inputs(m, 200, 1000, seed=13 * m + tiles.block_n)
+    x, weight, scale_inv = decode_inputs(m, 200, 1000, seed=13 * m + tiles.block_n)
     out = gemv(x, weight, scale_inv, torch.float32, tiles)
     assert out.shape == (m, 200)
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
 
 
 def test_strided_rows_and_a_zero_group():
-    x, weight, scale_inv = inputs(3, 256, 384, seed=11)
-    wide = torch.zeros(3, 512)
-    wide[:, :384] = x
-    wide[1, 128:256] = 0.0  # a group of zeros: scale MIN_AMAX / 448, values zero
-    strided = wide[:, :384]
-    out = gemv(strided, weight, scale_inv, torch.float32)
-    expected = reference_matmul(strided.contiguous(), weight, scale_inv)
-    assert relative_error(out, expected) <= GEMM_RELATIVE_TOLERANCE
+    check_strided_rows_and_a_zero_group(gemv, GEMM_RELATIVE_TOLERANCE)
 
 
 def test_half_precision_output_is_the_float32_result_rounded_once():
-    # float16: the interpreter (triton 3.9) truncates float32 to bfloat16 where the GPU rounds
-    x, weight, scale_inv = inputs(2, 256, 256, seed=5)
-    full = gemv(x, weight, scale_inv, torch.float32)
-    half = gemv(x, weight, scale_inv, torch.float16)
-    assert half.dtype == torch.float16 and torch.equal(half, full.to(torch.float16))
+    check_half_precision_is_the_float32_result_rounded_once(gemv)
 
 
 def test_decode_tiles_for_the_qwen3_14b_products_are_the_measured_ones():
@@ -109,6 +93,6 @@ def test_decode_tiles_for_the_qwen3_14b_products_are_the_measured_ones():
 
 
 def test_the_gemv_is_for_a_few_rows():
-    x, weight, scale_inv = inputs(17, 128, 128, seed=3)
+    x, weight, scale_inv = decode_inputs(17, 128, 128, seed=3)
     with pytest.raises(AssertionError, match="decode"):
         gemv(x, weight, scale_inv, torch.float32)

@@ -22,6 +22,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from fp8_cases import relative_error  # noqa: E402
 from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
@@ -55,10 +56,6 @@ def test_kernels_in_a_fresh_interpreter():
 
 def random(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
     return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
 
 
 # --- activation quantization ----------------------------------------------------------------------

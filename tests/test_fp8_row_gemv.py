@@ -14,12 +14,18 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from fp8_cases import (  # noqa: E402
+    check_half_precision_is_the_float32_result_rounded_once,
+    check_strided_rows_and_a_zero_group,
+    decode_inputs,
+    relative_error,
+)
 from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
 
 from core.execution.model import fp8_row_gemv as row_gemv_module  # noqa: E402
-from core.execution.model.fp8_format import quantize_weight, reference_matmul  # noqa: E402
+from core.execution.model.fp8_format import reference_matmul  # noqa: E402
 from core.execution.model.fp8_kernels import quantize_activations  # noqa: E402
 from core.execution.model.fp8_row_gemv import RowGemvTiles, fp8_row_gemv, row_gemv_tiles  # noqa: E402
 
@@ -36,17 +42,6 @@ def test_kernels_in_a_fresh_interpreter():
     run_in_fresh_interpreter(__file__, INTERPRETED)
 
 
-def inputs(m: int, n: int, k: int, seed: int):
-    generator = torch.Generator().manual_seed(seed)
-    x = 2.0 * torch.randn(m, k, generator=generator) * torch.logspace(-2, 1, k)  # groups of unlike ranges
-    weight, scale_inv = quantize_weight(0.05 * torch.randn(n, k, generator=generator))
-    return x, weight, scale_inv
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
-
-
 def row_gemv(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype,
              tiles: RowGemvTiles | None = None) -> torch.Tensor:
     return fp8_row_gemv(*quantize_activations(x), weight, scale_inv, out_dtype, tiles)
@@ -56,7 +51,7 @@ def row_gemv(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, out
 @pytest.mark.parametrize("n,k", [(256, 1024), (200, 384), (256, 200), (136, 1000)],
                          ids=["whole-pieces", "ragged-n", "ragged-k", "ragged-both"])
 def test_row_gemv_equals_the_reference(m, n, k):
-    x, weight, scale_inv = inputs(m, n, k, seed=m + n + k)
+    x, weight, scale_inv = decode_inputs(m, n, k, seed=m + n + k)
     out = row_gemv(x, weight, scale_inv, torch.float32)
     assert out.shape == (m, n) and out.dtype == torch.float32
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
@@ -65,28 +60,17 @@ def test_row_gemv_equals_the_reference(m, n, k):
 @pytest.mark.parametrize("tiles", [RowGemvTiles(1, 128, 4), RowGemvTiles(2, 256, 4), RowGemvTiles(8, 512, 8),
                                    RowGemvTiles(128, 128, 4)], ids=str)
 def test_every_tile_shape_gives_the_reference(tiles):
-    x, weight, scale_inv = inputs(2, 200, 1000, seed=tiles.rows + tiles.chunk)
+    x, weight, scale_inv = decode_inputs(2, 200, 1000, seed=tiles.rows + tiles.chunk)
     out = row_gemv(x, weight, scale_inv, torch.float32, tiles)
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
 
 
 def test_strided_rows_and_a_zero_group():
-    x, weight, scale_inv = inputs(3, 256, 384, seed=11)
-    wide = torch.zeros(3, 512)
-    wide[:, :384] = x
-    wide[1, 128:256] = 0.0  # a group of zeros: scale MIN_AMAX / 448, values zero
-    strided = wide[:, :384]
-    out = row_gemv(strided, weight, scale_inv, torch.float32)
-    expected = reference_matmul(strided.contiguous(), weight, scale_inv)
-    assert relative_error(out, expected) <= GEMM_RELATIVE_TOLERANCE
+    check_strided_rows_and_a_zero_group(row_gemv, GEMM_RELATIVE_TOLERANCE)
 
 
 def test_half_precision_output_is_the_float32_result_rounded_once():
-    # float16: the interpreter (triton 3.9) truncates float32 to bfloat16 where the GPU rounds
-    x, weight, scale_inv = inputs(2, 256, 256, seed=5)
-    full = row_gemv(x, weight, scale_inv, torch.float32)
-    half = row_gemv(x, weight, scale_inv, torch.float16)
-    assert half.dtype == torch.float16 and torch.equal(half, full.to(torch.float16))
+    check_half_precision_is_the_float32_result_rounded_once(row_gemv)
 
 
 def test_default_tiles_are_the_measured_ones():
@@ -97,13 +81,13 @@ def test_default_tiles_are_the_measured_ones():
 
 @pytest.mark.parametrize("m", [2, 4])
 def test_a_row_alone_computes_as_in_a_step_of_several(m):
-    x, weight, scale_inv = inputs(m, 256, 1000, seed=m)
+    x, weight, scale_inv = decode_inputs(m, 256, 1000, seed=m)
     together = row_gemv(x, weight, scale_inv, torch.float32)
     for row in range(m):
         assert torch.equal(row_gemv(x[row:row + 1], weight, scale_inv, torch.float32), together[row:row + 1])
 
 
 def test_the_row_gemv_is_for_a_few_rows():
-    x, weight, scale_inv = inputs(17, 128, 128, seed=1)
+    x, weight, scale_inv = decode_inputs(17, 128, 128, seed=1)
     with pytest.raises(AssertionError, match="decode's few rows"):
         row_gemv(x, weight, scale_inv, torch.float32)
