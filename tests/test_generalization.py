@@ -139,7 +139,8 @@ def test_the_multi_gpu_subset_skips_each_layout_without_its_cards_saying_how_man
 
 
 def test_an_fp8_matrix_on_a_gpu_multiplies_alike_at_every_row_count_unless_told_otherwise(monkeypatch):
-    monkeypatch.delenv("CADENCE_FP8_GEMM", raising=False)
+    monkeypatch.setenv("CADENCE_FP8_GEMM", "")  # remembers the variable's state, restored after the test
+    monkeypatch.delenv("CADENCE_FP8_GEMM")
     cpu = base_config(parse_args(["--subset", "cpu", "--device", "cpu", "--quantization", "fp8"]))
     pin_the_fp8_gemm(cpu)
     assert "CADENCE_FP8_GEMM" not in os.environ  # the CPU serves FP8 through dequantized weights
