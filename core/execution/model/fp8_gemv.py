@@ -1,6 +1,6 @@
-"""The decode path of the block-scaled FP8 linear layer where cuBLAS's block-scaled GEMM is not
-available (fp8_gemm.triton_gemm): a few rows of quantized activations times an FP8 weight, on the
-CUDA cores, streaming the weight once.
+"""The decode path of the block-scaled FP8 linear layer for steps of 2-4 rows where cuBLAS's
+block-scaled GEMM is not available (fp8_gemm.triton_gemm): a few rows of quantized activations
+times an FP8 weight, on the CUDA cores, streaming the weight once.
 
 `fp8_gemv(x_q, x_scales, weight, weight_scale_inv, out_dtype)`: x_q fp8 [M, K] with scales
 [M, ceil(K/128)] (`fp8_kernels.quantize_activations`), weight fp8 [N, K] with 128 x 128 block scales
@@ -30,8 +30,9 @@ import triton.language as tl
 from core.execution.model.fp8_format import BLOCK
 from core.execution.model.fp8_kernels import num_sms_of, split_k_partials, sum_split_k
 
-# Up to this many rows the GEMV serves (fp8_gemm.triton_gemm); above, the tensor-core GEMM. Measured
-# on an H100: per layer 265 us against the tensor-core GEMM's 520 at 4 rows, 466 against 396 at 8.
+# Up to this many rows the GEMV serves (fp8_gemm.triton_gemm; one row takes the faster row GEMV of
+# fp8_row_gemv.py); above, the tensor-core GEMM. Measured on an H100: per layer 265 us against the
+# tensor-core GEMM's 520 at 4 rows, 466 against 396 at 8.
 GEMV_MAX_M = 4
 
 
