@@ -16,6 +16,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from fp8_cases import (  # noqa: E402
+    GEMM_RELATIVE_TOLERANCE,
     check_half_precision_is_the_float32_result_rounded_once,
     check_strided_rows_and_a_zero_group,
     decode_inputs,
@@ -36,7 +37,6 @@ from core.execution.model.fp8_gemv import (  # noqa: E402
 from core.execution.model.fp8_kernels import quantize_activations  # noqa: E402
 
 INTERPRETED = is_interpreted(triton.language.zeros, gemv_module._fp8_gemv_kernel)
-GEMM_RELATIVE_TOLERANCE = 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +74,7 @@ def test_every_tile_shape_and_split_gives_the_reference(tiles, m):
 
 
 def test_strided_rows_and_a_zero_group():
-    check_strided_rows_and_a_zero_group(gemv, GEMM_RELATIVE_TOLERANCE)
+    check_strided_rows_and_a_zero_group(gemv)
 
 
 def test_half_precision_output_is_the_float32_result_rounded_once():

@@ -22,7 +22,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from fp8_cases import relative_error  # noqa: E402
+from fp8_cases import GEMM_RELATIVE_TOLERANCE, relative_error  # noqa: E402
 from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
@@ -42,7 +42,6 @@ from core.execution.model.fp8_kernels import (  # noqa: E402
 )
 
 INTERPRETED = is_interpreted(triton.language.zeros, fp8_kernels._quantize_groups_kernel)
-GEMM_RELATIVE_TOLERANCE = 1e-5
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from fp8_cases import (  # noqa: E402
+    GEMM_RELATIVE_TOLERANCE,
     check_half_precision_is_the_float32_result_rounded_once,
     check_strided_rows_and_a_zero_group,
     decode_inputs,
@@ -30,7 +31,6 @@ from core.execution.model.fp8_kernels import quantize_activations  # noqa: E402
 from core.execution.model.fp8_row_gemv import RowGemvTiles, fp8_row_gemv, row_gemv_tiles  # noqa: E402
 
 INTERPRETED = is_interpreted(triton.language.zeros, row_gemv_module._row_gemv_kernel)
-GEMM_RELATIVE_TOLERANCE = 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +66,7 @@ def test_every_tile_shape_gives_the_reference(tiles):
 
 
 def test_strided_rows_and_a_zero_group():
-    check_strided_rows_and_a_zero_group(row_gemv, GEMM_RELATIVE_TOLERANCE)
+    check_strided_rows_and_a_zero_group(row_gemv)
 
 
 def test_half_precision_output_is_the_float32_result_rounded_once():
