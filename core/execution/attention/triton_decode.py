@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from core.execution.attention.triton_tiles import (
     SOFTMAX_MIN,
@@ -28,6 +29,7 @@ from core.execution.attention.triton_tiles import (
     next_power_of_2,
     softmax_step,
 )
+from core.execution.dependent_launch import dependent_launch
 
 # Enough programs for several waves of resident blocks, so that the last wave's tail is short; a
 # step with fewer (request, KV head) pairs than this splits each context.
@@ -82,8 +84,11 @@ def _decode_split_kernel(
     stride_cache_page, stride_cache_pos, stride_cache_head, stride_table_req,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PER_REQUEST_SPLITS: tl.constexpr,
+    PER_REQUEST_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # core/execution/dependent_launch.py
+        gdc_launch_dependents()
+        gdc_wait()
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -139,8 +144,11 @@ def _decode_reduce_kernel(
     partial_out_ptr, partial_lse_ptr, out_ptr, seq_lens_ptr, query_start_ptr,
     num_splits, split_tokens, stride_out_tok, stride_out_head,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
-    PER_REQUEST_SPLITS: tl.constexpr,
+    PER_REQUEST_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # core/execution/dependent_launch.py
+        gdc_launch_dependents()
+        gdc_wait()
     req = tl.program_id(0)
     head = tl.program_id(1)
     q_row = tl.load(query_start_ptr + req)
@@ -190,6 +198,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     direct = splits.num_splits == 1
     per_request = splits.split_tokens == 0
     block_d = max(16, next_power_of_2(head_dim))
+    pdl = dependent_launch(q.device)
     _decode_split_kernel[(num_reqs, num_kv_heads, splits.num_splits)](
         q, k_cache, v_cache, out, partial_out, partial_lse,
         block_table, seq_lens, query_start,
@@ -198,7 +207,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
         GROUP=group, BLOCK_H=max(16, next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=tiles.block_n, DIRECT=direct,
-        DOT_PRECISION=dot_precision(q.dtype), PER_REQUEST_SPLITS=per_request,
+        DOT_PRECISION=dot_precision(q.dtype), PER_REQUEST_SPLITS=per_request, PDL=pdl, launch_pdl=pdl,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if direct:
@@ -207,5 +216,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         partial_out, partial_lse, out, seq_lens, query_start,
         splits.num_splits, splits.split_tokens, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=reduce_block(splits.num_splits),
-        BLOCK_N=tiles.block_n, PER_REQUEST_SPLITS=per_request, num_warps=4,
+        BLOCK_N=tiles.block_n, PER_REQUEST_SPLITS=per_request, PDL=pdl, launch_pdl=pdl, num_warps=4,
     )

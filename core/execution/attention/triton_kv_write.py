@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from core.execution.attention.triton_tiles import next_power_of_2
+from core.execution.dependent_launch import dependent_launch
 from core.execution.kv_cache import FP8_KV_DTYPE, FP8_KV_MAX
 from core.execution.model.fp8_kernels import round_to_e4m3
 
@@ -22,8 +24,11 @@ def _write_kv_kernel(
     stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
     stride_cache_page, stride_cache_pos, stride_cache_head,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, FP8_CACHE: tl.constexpr, FP8_MAX_: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, FP8_CACHE: tl.constexpr, FP8_MAX_: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # core/execution/dependent_launch.py
+        gdc_launch_dependents()
+        gdc_wait()
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(kv_index_ptr + tok)
     if slot < 0:
@@ -57,12 +62,14 @@ def write_kv_paged(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
         raise ValueError(f"K and V caches need equal strides with head_dim contiguous, got "
                          f"{k_cache.stride()} and {v_cache.stride()}")
     block_h, block_d = next_power_of_2(num_kv_heads), next_power_of_2(head_dim)
+    pdl = dependent_launch(k.device)
     _write_kv_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, kv_index,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d,
         BLOCK_SIZE=k_cache.shape[1], FP8_CACHE=k_cache.dtype == FP8_KV_DTYPE, FP8_MAX_=FP8_KV_MAX,
+        PDL=pdl, launch_pdl=pdl,
         # One token's K and V for 8 heads x 128 dims is 2 x 2 KiB in bf16: 16-byte accesses on 4 warps.
         num_warps=4 if block_h * block_d >= 1024 else 1,
     )

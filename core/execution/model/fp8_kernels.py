@@ -28,7 +28,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from core.execution.dependent_launch import dependent_launch
 from core.execution.model.fp8_format import BLOCK, FP8_DTYPE, FP8_MAX, MIN_AMAX
 
 # 1.5 * 2**23: adding and subtracting it rounds a float32 of magnitude < 2**22 to an integer, ties to even.
@@ -60,9 +62,12 @@ def _quantize_rows(x, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
 @triton.jit(do_not_specialize=["M", "stride_sm", "stride_sg"])
 def _quantize_groups_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm, stride_sm, stride_sg,
                             GROUPS: tl.constexpr, GROUP: tl.constexpr, FP8_MAX_: tl.constexpr,
-                            MIN_AMAX_: tl.constexpr):
+                            MIN_AMAX_: tl.constexpr, PDL: tl.constexpr):
     """One token, GROUPS groups of GROUP columns: scale = amax / 448, q = round(x / scale). Rows from
     M on (padding) quantize zeros."""
+    if PDL:  # core/execution/dependent_launch.py
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0)
     group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)  # [GROUPS]
     cols = group[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [GROUPS, GROUP]
@@ -91,9 +96,10 @@ def quantize_activations(x: torch.Tensor, column_major_scales: bool = False, row
         scales = torch.empty((rows, num_groups), dtype=torch.float32, device=x.device)
     groups_per_program = min(8, triton.next_power_of_2(num_groups))
     grid = (rows, triton.cdiv(num_groups, groups_per_program))
+    pdl = dependent_launch(x.device)
     _quantize_groups_kernel[grid](x, q, scales, m, k, x.stride(0), q.stride(0), scales.stride(0),
                                   scales.stride(1), GROUPS=groups_per_program, GROUP=BLOCK, FP8_MAX_=FP8_MAX,
-                                  MIN_AMAX_=MIN_AMAX)
+                                  MIN_AMAX_=MIN_AMAX, PDL=pdl, launch_pdl=pdl)
     return q, scales
 
 

@@ -24,9 +24,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from core.execution.dependent_launch import dependent_launch
+
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # an install without triton: the torch ops serve every device
     triton = None
 
@@ -82,10 +85,11 @@ def _rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
         residual_rows = _rows(residual)
         new_residual = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     block = _next_power_of_2(size)
+    pdl = dependent_launch(x.device)
     _rms_norm_kernel[(rows.shape[0],)](
         rows, residual_rows, weight, out, new_residual,
         rows.stride(0), residual_rows.stride(0), size, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, launch_pdl=pdl,
         # 16 values a thread (two 16-byte loads in bf16): 16 warps for Qwen3-14B's 5,120.
         num_warps=max(1, min(16, block // 512)), enable_fp_fusion=False,
     )
@@ -120,11 +124,13 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     half = head_dim // 2
     heads = _heads_per_program(num_q_heads, num_kv_heads)
     block_half = _next_power_of_2(half)
+    pdl = dependent_launch(q.device)
     _qk_norm_rope_kernel[(num_tokens, (num_q_heads + num_kv_heads) // heads)](
         q, k, q_out, k_out, q_weight, k_weight, cos, sin, positions,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_out.stride(0), k_out.stride(0),
         cos.stride(0), eps,
-        NUM_Q_GROUPS=num_q_heads // heads, HEADS=heads, HALF=half, BLOCK_HALF=block_half,
+        NUM_Q_GROUPS=num_q_heads // heads, HEADS=heads, HALF=half, BLOCK_HALF=block_half, PDL=pdl,
+        launch_pdl=pdl,
         # 8 values a thread: eight 128-dim heads on 2 warps
         num_warps=max(1, min(4, heads * block_half // 256)), enable_fp_fusion=False,
     )
@@ -153,8 +159,10 @@ def silu_mul(gate_up: torch.Tensor, *, use_triton: bool | None = None) -> torch.
         return F.silu(gate) * up
     rows = _rows(gate_up)
     out = torch.empty(rows.shape[0], size, dtype=gate_up.dtype, device=gate_up.device)
+    pdl = dependent_launch(gate_up.device)
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(size, SILU_BLOCK))](
-        rows, out, rows.stride(0), size, BLOCK=SILU_BLOCK, num_warps=4, enable_fp_fusion=False,
+        rows, out, rows.stride(0), size, BLOCK=SILU_BLOCK, PDL=pdl, launch_pdl=pdl, num_warps=4,
+        enable_fp_fusion=False,
     )
     return out.view(*gate_up.shape[:-1], size)
 
@@ -166,7 +174,10 @@ if triton is not None:
     @triton.jit
     def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr,
                          stride_x, stride_residual, size, eps,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # core/execution/dependent_launch.py
+            gdc_launch_dependents()
+            gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < size
@@ -207,7 +218,10 @@ if triton is not None:
                              stride_q_tok, stride_q_head, stride_k_tok, stride_k_head,
                              stride_q_out_tok, stride_k_out_tok, stride_table, eps,
                              NUM_Q_GROUPS: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr,
-                             BLOCK_HALF: tl.constexpr):
+                             BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # core/execution/dependent_launch.py
+            gdc_launch_dependents()
+            gdc_wait()
         tok = tl.program_id(0).to(tl.int64)
         group = tl.program_id(1)  # groups of q heads first, then of k heads
         dims = tl.arange(0, BLOCK_HALF)
@@ -225,7 +239,10 @@ if triton is not None:
                              k_weight_ptr, cos, sin, heads, dims, mask, eps, HALF)
 
     @triton.jit
-    def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_gate_up, size, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_gate_up, size, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # core/execution/dependent_launch.py
+            gdc_launch_dependents()
+            gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < size

@@ -1,0 +1,41 @@
+"""Programmatic dependent launch (PDL) for the decode step's Triton kernels.
+
+A decode step at one row is ~600 short kernels; between two of them the GPU drains the first, then
+ramps the second up from nothing. With PDL (Hopper and later) a kernel is launched while its
+predecessor still runs: its programs start as the predecessor's last ones finish, do what does not
+depend on the predecessor (the row GEMV issues its first weight loads), and wait for the
+predecessor's writes at `gdc_wait()`. A kernel opts in with `launch_pdl=True` at launch and
+`PDL=True` (a constexpr), under which it calls
+
+  gdc_launch_dependents()  first: the next kernel may start once every program has got here;
+  gdc_wait()               before its first read of a predecessor's output and before any write.
+
+Every PDL kernel waits before it writes or ends, so a kernel that completes implies that its
+predecessors completed: the ordering the stream promised is kept along a chain. CUDA graph capture
+keeps the dependency as a programmatic edge.
+
+`CADENCE_PDL=0` turns it off (the kernels then launch as before); it is off where the device
+cannot do it (before sm_90, the CPU, the Triton interpreter).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.cache
+def _enabled_on(device_index: int) -> bool:
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("CADENCE_PDL", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def dependent_launch(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with PDL."""
+    if device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _enabled_on(index)
