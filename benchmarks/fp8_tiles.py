@@ -114,10 +114,6 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
                 tiles = RowGemvTiles(rows, chunk, warps)
                 calls[f"row gemv r{rows} c{chunk} w{warps}"] = lambda i, tiles=tiles: fp8_row_gemv(
                     *quantize_activations(x), *fp8[i], torch.bfloat16, tiles)
-                calls[f"row gemv bf16 x r{rows} c{chunk} w{warps}"] = lambda i, tiles=tiles: fp8_row_gemv(
-                    x, None, *fp8[i], torch.bfloat16, tiles)
-        # The activations multiplied unquantized: no quantization kernel before it.
-        calls["row gemv bf16 x"] = lambda i: fp8_row_gemv(x, None, *fp8[i], torch.bfloat16)
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])
     calls["scaled_mm"] = lambda i: scaled_mm_gemm(x, *fp8[i])  # rows padded to 16
@@ -169,7 +165,7 @@ def summary(row: dict) -> str:
     for micros, name in timed[:4]:
         line += (f" | {name} {micros:.1f} us {n * k / micros / 1e6:.2f} TB/s "
                  f"{2 * m * n * k / micros / 1e6:.0f} TFLOP/s err {row['error'][name]:.1e}")
-    paths = ("quantize only", "gemv", "row gemv", "row gemv bf16 x", "dot fused", "triton", "scaled_mm")
+    paths = ("quantize only", "gemv", "row gemv", "dot fused", "triton", "scaled_mm")
     served = {name: row["us"].get(name) for name in paths if name in row["us"]}
     line += f" || {', '.join(f'{name} {us if us is None else round(us, 1)}' for name, us in served.items())}"
     return line + (f"  failed: {row['failed']}" if row["failed"] else "")

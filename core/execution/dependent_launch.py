@@ -33,6 +33,11 @@ def _enabled_on(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+def reread_environment() -> None:
+    """Forget the cached answers, so that the next launches read CADENCE_PDL again."""
+    _enabled_on.cache_clear()
+
+
 def dependent_launch(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL."""
     if device.type != "cuda":

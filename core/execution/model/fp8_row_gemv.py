@@ -59,10 +59,9 @@ def row_gemv_tiles(m: int, n: int, k: int) -> RowGemvTiles:
 def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_xsm, stride_xsg,
                      stride_wn, stride_wsn, stride_wsk, stride_cm, K: tl.constexpr,
                      ROWS: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, EVEN: tl.constexpr,
-                     QUANTIZED_X: tl.constexpr, PDL: tl.constexpr):
+                     PDL: tl.constexpr):
     """c[m, n] = sum over K's groups g of (sum_k x_q[m, k] w[n, k]) * x_scale[m, g] * w_scale[n/128, g],
-    one token and ROWS weight rows a program: a token computes alike whatever else shares its step.
-    QUANTIZED_X False: x is the unquantized activations (xs_ptr unused), x_scale = 1."""
+    one token and ROWS weight rows a program: a token computes alike whatever else shares its step."""
     GROUPS: tl.constexpr = CHUNK // GROUP
     if PDL:  # core/execution/dependent_launch.py: the first piece's weight loads go out before the wait
         gdc_launch_dependents()
@@ -86,8 +85,7 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_
             if PDL and first == 0:
                 gdc_wait()
             x = tl.load(x_ptrs)
-            if QUANTIZED_X:
-                x_scale = tl.load(xs_ptrs)
+            x_scale = tl.load(xs_ptrs)
         else:
             col_mask = cols < K
             group_mask = groups * GROUP < K
@@ -96,42 +94,34 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_
             if PDL and first == 0:
                 gdc_wait()
             x = tl.load(x_ptrs, mask=col_mask[None, :], other=0.0)
-            if QUANTIZED_X:
-                x_scale = tl.load(xs_ptrs, mask=group_mask[None, :], other=0.0)
+            x_scale = tl.load(xs_ptrs, mask=group_mask[None, :], other=0.0)
         w4 = tl.reshape(w.to(tl.float32), (1, ROWS, GROUPS, GROUP))
         x4 = tl.reshape(x.to(tl.float32), (1, 1, GROUPS, GROUP))
         sums = tl.sum(w4 * x4, axis=3)  # [1, ROWS, GROUPS]
-        if QUANTIZED_X:
-            scales = x_scale * w_scale[None, :]  # [1, GROUPS]
-        else:
-            scales = w_scale[None, :]
+        scales = x_scale * w_scale[None, :]  # [1, GROUPS]
         acc += tl.sum(sums * scales[:, None, :], axis=2)
     c_ptrs = c_ptr + tokens[:, None].to(tl.int64) * stride_cm + rows[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[None, :])
 
 
-def fp8_row_gemv(x: torch.Tensor, x_scales: torch.Tensor | None, weight: torch.Tensor,
+def fp8_row_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
                  weight_scale_inv: torch.Tensor, out_dtype: torch.dtype,
                  tiles: RowGemvTiles | None = None) -> torch.Tensor:
-    """x [M, K] times the block-scaled fp8 weight [N, K] transposed -> [M, N] in out_dtype. x is
-    either fp8 with its group scales [M, ceil(K/128)] (`fp8_kernels.quantize_activations`), or, with
-    x_scales None, the unquantized activations (bf16/float32), multiplied as they are."""
-    m, k = x.shape
+    """x_q fp8 [M, K] with scales [M, ceil(K/128)] times the block-scaled fp8 weight [N, K]
+    transposed -> [M, N] in out_dtype."""
+    m, k = x_q.shape
     n = weight.shape[0]
-    assert weight.shape[1] == k and x.stride(1) == 1 and weight.stride(1) == 1
+    assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1
     assert m <= 16, f"the row GEMV multiplies on the CUDA cores: it is for decode's few rows, not {m}"
     tiles = tiles or row_gemv_tiles(m, n, k)
     assert BLOCK % tiles.rows == 0 and tiles.chunk % BLOCK == 0, tiles
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
     if m == 0:
         return out
-    quantized = x_scales is not None
-    pdl = dependent_launch(x.device)
-    scales, scale_strides = (x_scales, x_scales.stride()) if quantized else (x, (0, 0))
+    pdl = dependent_launch(x_q.device)
     _row_gemv_kernel[(m, triton.cdiv(n, tiles.rows))](
-        x, scales, weight, weight_scale_inv, out, n, x.stride(0), *scale_strides,
-        weight.stride(0), weight_scale_inv.stride(0), weight_scale_inv.stride(1),
+        x_q, x_scales, weight, weight_scale_inv, out, n, x_q.stride(0), x_scales.stride(0),
+        x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0), weight_scale_inv.stride(1),
         out.stride(0), K=k, ROWS=tiles.rows, CHUNK=tiles.chunk, GROUP=BLOCK,
-        EVEN=k % tiles.chunk == 0 and n % tiles.rows == 0, QUANTIZED_X=quantized, PDL=pdl,
-        launch_pdl=pdl, num_warps=tiles.num_warps)
+        EVEN=k % tiles.chunk == 0 and n % tiles.rows == 0, PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps)
     return out
