@@ -9,6 +9,8 @@ Performance
     system_batch    one batch through the multiprocess system, without HTTP
     kernels         achieved bandwidth of the Triton attention kernels (GPU)
     step_profile    where one step's milliseconds go, the ModelRunner alone (GPU)
+    fp8_tiles       every FP8 GEMM path and tile per Qwen3-14B product and row count (GPU)
+    fp8_activations SiLU * up and the FP8 activation quantization, apart and in one pass (GPU)
     broadcast       plan broadcast latency, scheduler to every TP reader
     arrivals        what one arriving request costs the host before it joins a step
     structured_masks what structured outputs' token masks cost the host per step

@@ -40,6 +40,7 @@ from core.execution.model.fp8_kernels import (  # noqa: E402
     matmul_tiles,
     quantize_activations,
 )
+from core.execution.model.fused import silu_mul  # noqa: E402
 
 INTERPRETED = is_interpreted(triton.language.zeros, fp8_kernels._quantize_groups_kernel)
 
@@ -98,6 +99,22 @@ def test_scales_can_be_stored_column_major_for_scaled_mm():
     q, scales = quantize_activations(x, column_major_scales=True)
     assert scales.stride() == (1, 5)
     assert torch.equal(scales, quantize_activations_reference(x)[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,k,rows,column_major",
+                         [(1, 384, None, False), (5, 200, 16, True), (3, 1024, 3, True)])
+def test_silu_mul_quantized_in_one_pass_equals_silu_mul_then_quantization(m, k, rows, column_major, dtype):
+    gate_up = random(m, 2 * k, seed=k, scale=4.0).to(dtype)  # [gate | up], as the gate/up projection writes
+    gate_up[0, :8] = 0.0
+    q, scales = quantize_activations(gate_up, column_major_scales=column_major, rows=rows, silu_mul=True)
+    expected_q, expected_scales = quantize_activations(silu_mul(gate_up, use_triton=True),
+                                                       column_major_scales=column_major, rows=rows)
+    assert q.shape == ((rows or m), k) and scales.stride() == expected_scales.stride()
+    assert torch.equal(scales, expected_scales)
+    assert torch.equal(q.float(), expected_q.float())
+    reference_q, _ = quantize_activations_reference(silu_mul(gate_up, use_triton=True))
+    assert torch.equal(q[:m].float(), reference_q.float())
 
 
 # --- block-scaled GEMM ------------------------------------------------------------------------------

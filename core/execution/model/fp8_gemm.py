@@ -25,6 +25,11 @@ Each is a function (x [M, K] in the model's dtype, weight fp8 [N, K], weight_sca
   steps, its greedy tokens may differ at near-ties between the two (vLLM and SGLang make the same
   trade: their kernels change with the batch size).
 
+The MLP's down projection multiplies SiLU(gate) * up: `GATED_GEMMS` holds each quantizing GEMM
+taking the gate/up output itself (`gated=True`), its activation quantization computing SiLU * up
+on the way (`fp8_kernels.quantize_activations(silu_mul=True)`: the same values, one kernel and one
+pass over the activations fewer).
+
 `CADENCE_FP8_GEMM` (auto, dequant, triton, scaled_mm, row_gemv) chooses for every FP8 layer of the
 process; auto is row_gemv where cuBLAS's block-scaled scaled_mm runs (checked once on a small
 product), else triton, and dequant on the CPU; scaled_mm or row_gemv named explicitly is refused at
@@ -46,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from core.execution.model.fp8_format import dequantize_weight
+from core.execution.model.fused import silu_mul
 
 log = logging.getLogger(__name__)
 ENV = "CADENCE_FP8_GEMM"
@@ -60,32 +66,37 @@ def dequant_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.
     return F.linear(x, dequantize_weight(weight, weight_scale_inv).to(x.dtype))
 
 
-def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+# `gated` (GATED_GEMMS): x is [M, 2K], gate then up, and the activations multiplied are SiLU(gate) * up.
+
+
+def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                gated: bool = False) -> torch.Tensor:
     from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
     from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
     from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, fp8_row_gemv
 
     if x.shape[0] <= ROW_GEMV_MAX_M:  # decode at concurrency 1: whole weight rows a program
-        return fp8_row_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
+        return fp8_row_gemv(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
     if x.shape[0] <= GEMV_MAX_M:  # decode: a weight read, on the CUDA cores
-        return fp8_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
+        return fp8_gemv(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
     if x.shape[0] <= FUSED_QUANTIZATION_MAX_M:  # decode: the GEMM quantizes its rows itself
-        return block_fp8_matmul(x, None, weight, weight_scale_inv, x.dtype)
-    x_q, x_scales = quantize_activations(x)
+        return block_fp8_matmul(silu_mul(x) if gated else x, None, weight, weight_scale_inv, x.dtype)
+    x_q, x_scales = quantize_activations(x, silu_mul=gated)
     return block_fp8_matmul(x_q, x_scales, weight, weight_scale_inv, x.dtype)
 
 
-def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                   gated: bool = False) -> torch.Tensor:
     from torch.nn.functional import ScalingType, SwizzleType
 
     from core.execution.model.fp8_kernels import quantize_activations
 
     if weight_scale_inv.shape[1] % 4:  # torch wants the K blocks' scales in fours (TP 4 and 8 shards)
-        return triton_gemm(x, weight, weight_scale_inv)
+        return triton_gemm(x, weight, weight_scale_inv, gated)
     m = x.shape[0]
     rows = -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
     # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
-    x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=rows)
+    x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=rows, silu_mul=gated)
     # weight.t() is [K, N] column-major; weight_scale_inv.t() is [K/128, N/128] with stride (1, K/128).
     out = F.scaled_mm(x_q, weight.t(), x_scales, ScalingType.BlockWise1x128, weight_scale_inv.t(),
                       ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
@@ -93,13 +104,14 @@ def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torc
     return out if rows == m else out[:m]
 
 
-def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                  gated: bool = False) -> torch.Tensor:
     from core.execution.model.fp8_kernels import quantize_activations
     from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, fp8_row_gemv
 
     if x.shape[0] <= ROW_GEMV_MAX_M:
-        return fp8_row_gemv(*quantize_activations(x), weight, weight_scale_inv, x.dtype)
-    return scaled_mm_gemm(x, weight, weight_scale_inv)
+        return fp8_row_gemv(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
+    return scaled_mm_gemm(x, weight, weight_scale_inv, gated)
 
 
 @functools.cache
@@ -127,6 +139,8 @@ def _log_auto_choice(device: torch.device, name: str) -> None:
 FP8_GEMMS: dict[str, Fp8Gemm] = {"dequant": dequant_gemm, "triton": triton_gemm, "scaled_mm": scaled_mm_gemm,
                                   "row_gemv": row_gemv_gemm}
 NEEDS_SCALED_MM = ("scaled_mm", "row_gemv")
+GATED_GEMMS: dict[Fp8Gemm, Fp8Gemm] = {gemm: functools.partial(gemm, gated=True)
+                                       for gemm in (triton_gemm, scaled_mm_gemm, row_gemv_gemm)}
 
 
 def choose_gemm(device: torch.device, name: str | None = None) -> Fp8Gemm:

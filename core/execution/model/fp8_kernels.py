@@ -62,9 +62,10 @@ def _quantize_rows(x, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
 @triton.jit(do_not_specialize=["M", "stride_sm", "stride_sg"])
 def _quantize_groups_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm, stride_sm, stride_sg,
                             GROUPS: tl.constexpr, GROUP: tl.constexpr, FP8_MAX_: tl.constexpr,
-                            MIN_AMAX_: tl.constexpr, PDL: tl.constexpr):
+                            MIN_AMAX_: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr):
     """One token, GROUPS groups of GROUP columns: scale = amax / 448, q = round(x / scale). Rows from
-    M on (padding) quantize zeros."""
+    M on (padding) quantize zeros. SILU_MUL: x's row is [gate | up], K columns each, and the values
+    quantized are SiLU(gate) * up rounded to x's dtype, as fused.silu_mul computes them."""
     if PDL:  # core/execution/dependent_launch.py
         gdc_launch_dependents()
         gdc_wait()
@@ -73,18 +74,29 @@ def _quantize_groups_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm,
     cols = group[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [GROUPS, GROUP]
     mask = cols < K
     in_rows = (cols * 0 + row) < M  # [GROUPS, GROUP], as a tensor: the interpreter rejects a scalar mask
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask & in_rows, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        gate = tl.load(x_ptr + row * stride_xm + cols, mask=mask & in_rows, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * stride_xm + K + cols, mask=mask & in_rows, other=0.0)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(up.dtype)
+        x = (silu.to(tl.float32) * up.to(tl.float32)).to(up.dtype).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask & in_rows, other=0.0).to(tl.float32)
     q, scale = _quantize_rows(x, FP8_MAX_, MIN_AMAX_)
     tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row * stride_sm + group * stride_sg, scale, mask=group * GROUP < K)
 
 
-def quantize_activations(x: torch.Tensor, column_major_scales: bool = False, rows: int | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, column_major_scales: bool = False, rows: int | None = None,
+                         silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (rows may be strided) -> (fp8 [R, K], float32 scales [R, ceil(K / 128)]), R = `rows`
     (default M; more pads with quantized zeros, which a GEMM with a minimum row count wants).
-    `column_major_scales` stores the scales with stride (1, R), the layout torch's scaled_mm wants."""
+    `column_major_scales` stores the scales with stride (1, R), the layout torch's scaled_mm wants.
+    `silu_mul`: x is [M, 2K], gate then up (the gate/up projection's output), and what is quantized
+    is SiLU(gate) * up (`fused.silu_mul`'s values exactly), without writing it out first."""
     m, k = x.shape
+    if silu_mul:
+        assert k % 2 == 0, f"gate and up need equal widths, got {k} columns"
+        k //= 2
     rows = m if rows is None else rows
     assert x.stride(1) == 1, "x's columns must be contiguous"
     assert rows >= m, f"cannot quantize {m} rows into {rows}"
@@ -99,7 +111,9 @@ def quantize_activations(x: torch.Tensor, column_major_scales: bool = False, row
     pdl = dependent_launch(x.device)
     _quantize_groups_kernel[grid](x, q, scales, m, k, x.stride(0), q.stride(0), scales.stride(0),
                                   scales.stride(1), GROUPS=groups_per_program, GROUP=BLOCK, FP8_MAX_=FP8_MAX,
-                                  MIN_AMAX_=MIN_AMAX, PDL=pdl, launch_pdl=pdl)
+                                  MIN_AMAX_=MIN_AMAX, SILU_MUL=silu_mul, PDL=pdl, launch_pdl=pdl,
+                                  # no FMA contraction: SiLU * up rounds where fused.silu_mul's kernel does
+                                  enable_fp_fusion=not silu_mul)
     return q, scales
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from core.config import ModelConfig
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fp8_format import BLOCK, FP8_DTYPE, quantize_weight
-from core.execution.model.fp8_gemm import choose_gemm
+from core.execution.model.fp8_gemm import GATED_GEMMS, choose_gemm
 from core.execution.model.linear_method import LinearMethod
 from core.execution.model.unquantized_linear import UnquantizedLinearMethod
 
@@ -73,6 +73,11 @@ class Fp8LinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x, layer.weight, layer.weight_scale_inv)
+
+    def apply_gated(self, layer: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.gemm in GATED_GEMMS:  # SiLU * up computed where the activations are quantized
+            return GATED_GEMMS[self.gemm](gate_up, layer.weight, layer.weight_scale_inv)
+        return super().apply_gated(layer, gate_up)
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -92,6 +92,10 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.linear_method.apply(self, x))
 
+    def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """forward(SiLU(gate) * up) of gate_up [T, 2 * in_features / tp] (gate first)."""
+        return self.tp.all_reduce(self.linear_method.apply_gated(self, gate_up))
+
     def checkpoint_slices(self) -> SliceMap:
         return self.linear_method.checkpoint_slices({
             self.matrix_name: CheckpointSlice((self.out_features, self.in_features), dim=1,

@@ -18,6 +18,7 @@ from torch import nn
 
 from core.config import ModelConfig
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
+from core.execution.model.fused import silu_mul
 from core.execution.registry import registered_class
 from core.registry import LINEAR_METHODS
 
@@ -53,6 +54,12 @@ class LinearMethod(ABC):
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [T, in_features] times this rank's weight transposed: [T, sum(out_sizes)]."""
+
+    def apply_gated(self, layer: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) * up of gate_up [T, 2 * in_features] (gate first) times the weight: the MLP's
+        down projection. A method may fold the activation into what it does to its input anyway
+        (FP8 quantizes it)."""
+        return self.apply(layer, silu_mul(gate_up))
 
 
 def linear_method_for(config: ModelConfig) -> LinearMethod:

@@ -20,7 +20,7 @@ from core.execution.distributed import TPGroup
 from core.execution.kv_cache import KVCache
 from core.execution.model.causal_lm import CausalLM
 from core.execution.model.checkpoint_slice import SliceMap
-from core.execution.model.fused import qk_norm_rope, silu_mul
+from core.execution.model.fused import qk_norm_rope
 from core.execution.model.layers import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -88,7 +88,7 @@ class Qwen3MLP(nn.Module):
                                            f"{prefix}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        return self.down_proj.forward_gated(self.gate_up_proj(x))
 
     def checkpoint_slices(self) -> SliceMap:
         return {
