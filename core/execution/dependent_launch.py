@@ -14,6 +14,12 @@ Every PDL kernel waits before it writes or ends, so a kernel that completes impl
 predecessors completed: the ordering the stream promised is kept along a chain. CUDA graph capture
 keeps the dependency as a programmatic edge.
 
+Before its wait a kernel may read only what no kernel of the forward writes: weights, the step's
+metadata (positions, KV slots, sequence lengths, block tables: copied or computed before the
+forward's first kernel, the embedding lookup, which launches the ordinary way and so starts only
+once they are complete), and KV pages of earlier steps. Its predecessors along the chain may still
+be running then, not just the one before it.
+
 `CADENCE_PDL=0` turns it off (the kernels then launch as before); it is off where the device
 cannot do it (before sm_90, the CPU, the Triton interpreter).
 """

@@ -88,14 +88,17 @@ def _decode_split_kernel(
 ):
     if PDL:  # core/execution/dependent_launch.py
         gdc_launch_dependents()
-        gdc_wait()
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    # The step's metadata, which no kernel of the forward writes, before the wait.
     q_row = tl.load(query_start_ptr + req)
-    if tl.load(query_start_ptr + req + 1) - q_row != 1:
-        return
+    q_end = tl.load(query_start_ptr + req + 1)
     seq_len = tl.load(seq_lens_ptr + req)
+    if PDL:
+        gdc_wait()
+    if q_end - q_row != 1:
+        return
     if PER_REQUEST_SPLITS:
         split_tokens = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     kv_start = split * split_tokens
@@ -148,13 +151,15 @@ def _decode_reduce_kernel(
 ):
     if PDL:  # core/execution/dependent_launch.py
         gdc_launch_dependents()
-        gdc_wait()
     req = tl.program_id(0)
     head = tl.program_id(1)
     q_row = tl.load(query_start_ptr + req)
-    if tl.load(query_start_ptr + req + 1) - q_row != 1:
-        return
+    q_end = tl.load(query_start_ptr + req + 1)
     seq_len = tl.load(seq_lens_ptr + req)
+    if PDL:
+        gdc_wait()
+    if q_end - q_row != 1:
+        return
     if PER_REQUEST_SPLITS:
         split_tokens = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     # Splits past the end of this request's context were never written.

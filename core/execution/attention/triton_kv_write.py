@@ -28,9 +28,10 @@ def _write_kv_kernel(
 ):
     if PDL:  # core/execution/dependent_launch.py
         gdc_launch_dependents()
-        gdc_wait()
     tok = tl.program_id(0).to(tl.int64)
-    slot = tl.load(kv_index_ptr + tok)
+    slot = tl.load(kv_index_ptr + tok)  # the step's slots: no kernel of the forward writes them
+    if PDL:
+        gdc_wait()
     if slot < 0:
         return
     page = slot // BLOCK_SIZE

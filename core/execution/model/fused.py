@@ -177,10 +177,12 @@ if triton is not None:
                          HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # core/execution/dependent_launch.py
             gdc_launch_dependents()
-            gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < size
+        weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)  # no kernel writes it: before the wait
+        if PDL:
+            gdc_wait()
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
         if HAS_RESIDUAL:
             residual = tl.load(residual_ptr + row * stride_residual + cols, mask=mask, other=0.0)
@@ -189,7 +191,6 @@ if triton is not None:
         x = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, 0) / size + eps)
         normed = (x * rstd).to(x_ptr.dtype.element_ty)
-        weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
         out = weight.to(tl.float32) * normed.to(tl.float32)
         tl.store(out_ptr + row * size + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -221,14 +222,16 @@ if triton is not None:
                              BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # core/execution/dependent_launch.py
             gdc_launch_dependents()
-            gdc_wait()
         tok = tl.program_id(0).to(tl.int64)
         group = tl.program_id(1)  # groups of q heads first, then of k heads
         dims = tl.arange(0, BLOCK_HALF)
         mask = (dims < HALF)[None, :]
+        # The step's positions and the RoPE tables: no kernel of the forward writes them.
         position = tl.load(positions_ptr + tok).to(tl.int64)
         cos = tl.load(cos_ptr + position * stride_table + dims, mask=dims < HALF, other=0.0)[None, :]
         sin = tl.load(sin_ptr + position * stride_table + dims, mask=dims < HALF, other=0.0)[None, :]
+        if PDL:
+            gdc_wait()
         if group < NUM_Q_GROUPS:
             heads = group * HEADS + tl.arange(0, HEADS)
             _norm_rope_heads(q_ptr + tok * stride_q_tok, stride_q_head, q_out_ptr + tok * stride_q_out_tok,
