@@ -20,8 +20,10 @@ forward's first kernel, the embedding lookup, which launches the ordinary way an
 once they are complete), and KV pages of earlier steps. Its predecessors along the chain may still
 be running then, not just the one before it.
 
-`CADENCE_PDL=0` turns it off (the kernels then launch as before); it is off where the device
-cannot do it (before sm_90, the CPU, the Triton interpreter).
+`CADENCE_PDL=0` turns it off (the kernels then launch as before); it is off where the device or
+the stack cannot do it (before sm_90, the CPU, the Triton interpreter, a triton before 3.3, which
+has neither `gdc_wait` nor the `launch_pdl` launch option: launches then pass no PDL option at all,
+`launch_options`).
 """
 
 from __future__ import annotations
@@ -31,10 +33,17 @@ import os
 
 import torch
 
+try:  # triton 3.3 and later; the kernels import them from here
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # no triton, or an older one: PDL stays off, and the kernels' PDL branches, which
+    gdc_launch_dependents = gdc_wait = None  # are compiled only when it is on, never call these
+
 
 @functools.cache
 def _enabled_on(device_index: int) -> bool:
-    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("CADENCE_PDL", "1") == "0":
+    if gdc_wait is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if os.environ.get("CADENCE_PDL", "1") == "0":
         return False
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
@@ -50,3 +59,8 @@ def dependent_launch(device: torch.device) -> bool:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _enabled_on(index)
+
+
+def launch_options(pdl: bool) -> dict:
+    """The launch keywords of a PDL kernel launch: none when off (an older triton knows no `launch_pdl`)."""
+    return {"launch_pdl": True} if pdl else {}

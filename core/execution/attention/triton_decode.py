@@ -19,7 +19,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from core.execution.attention.triton_tiles import (
     SOFTMAX_MIN,
@@ -29,7 +28,7 @@ from core.execution.attention.triton_tiles import (
     next_power_of_2,
     softmax_step,
 )
-from core.execution.dependent_launch import dependent_launch
+from core.execution.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait, launch_options
 
 # Enough programs for several waves of resident blocks, so that the last wave's tail is short; a
 # step with fewer (request, KV head) pairs than this splits each context.
@@ -212,7 +211,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
         GROUP=group, BLOCK_H=max(16, next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=tiles.block_n, DIRECT=direct,
-        DOT_PRECISION=dot_precision(q.dtype), PER_REQUEST_SPLITS=per_request, PDL=pdl, launch_pdl=pdl,
+        DOT_PRECISION=dot_precision(q.dtype), PER_REQUEST_SPLITS=per_request, PDL=pdl, **launch_options(pdl),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if direct:
@@ -221,5 +220,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         partial_out, partial_lse, out, seq_lens, query_start,
         splits.num_splits, splits.split_tokens, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=reduce_block(splits.num_splits),
-        BLOCK_N=tiles.block_n, PER_REQUEST_SPLITS=per_request, PDL=pdl, launch_pdl=pdl, num_warps=4,
+        BLOCK_N=tiles.block_n, PER_REQUEST_SPLITS=per_request, PDL=pdl, **launch_options(pdl), num_warps=4,
     )

@@ -10,10 +10,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from core.execution.attention.triton_tiles import next_power_of_2
-from core.execution.dependent_launch import dependent_launch
+from core.execution.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait, launch_options
 from core.execution.kv_cache import FP8_KV_DTYPE, FP8_KV_MAX
 from core.execution.model.fp8_kernels import round_to_e4m3
 
@@ -70,7 +69,7 @@ def write_kv_paged(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d,
         BLOCK_SIZE=k_cache.shape[1], FP8_CACHE=k_cache.dtype == FP8_KV_DTYPE, FP8_MAX_=FP8_KV_MAX,
-        PDL=pdl, launch_pdl=pdl,
+        PDL=pdl, **launch_options(pdl),
         # One token's K and V for 8 heads x 128 dims is 2 x 2 KiB in bf16: 16-byte accesses on 4 warps.
         num_warps=4 if block_h * block_d >= 1024 else 1,
     )

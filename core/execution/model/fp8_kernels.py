@@ -28,9 +28,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from core.execution.dependent_launch import dependent_launch
+from core.execution.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait, launch_options
 from core.execution.model.fp8_format import BLOCK, FP8_DTYPE, FP8_MAX, MIN_AMAX
 
 # 1.5 * 2**23: adding and subtracting it rounds a float32 of magnitude < 2**22 to an integer, ties to even.
@@ -111,7 +110,7 @@ def quantize_activations(x: torch.Tensor, column_major_scales: bool = False, row
     pdl = dependent_launch(x.device)
     _quantize_groups_kernel[grid](x, q, scales, m, k, x.stride(0), q.stride(0), scales.stride(0),
                                   scales.stride(1), GROUPS=groups_per_program, GROUP=BLOCK, FP8_MAX_=FP8_MAX,
-                                  MIN_AMAX_=MIN_AMAX, SILU_MUL=silu_mul, PDL=pdl, launch_pdl=pdl,
+                                  MIN_AMAX_=MIN_AMAX, SILU_MUL=silu_mul, PDL=pdl, **launch_options(pdl),
                                   # no FMA contraction: SiLU * up rounds where fused.silu_mul's kernel does
                                   enable_fp_fusion=not silu_mul)
     return q, scales

@@ -28,9 +28,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from core.execution.dependent_launch import dependent_launch
+from core.execution.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait, launch_options
 from core.execution.model.fp8_format import BLOCK
 
 # One token a program reads the weight once per token (the repeats mostly from L2): measured on an H100,
@@ -123,5 +122,6 @@ def fp8_row_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor
         x_q, x_scales, weight, weight_scale_inv, out, n, x_q.stride(0), x_scales.stride(0),
         x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0), weight_scale_inv.stride(1),
         out.stride(0), K=k, ROWS=tiles.rows, CHUNK=tiles.chunk, GROUP=BLOCK,
-        EVEN=k % tiles.chunk == 0 and n % tiles.rows == 0, PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps)
+        EVEN=k % tiles.chunk == 0 and n % tiles.rows == 0, PDL=pdl, num_warps=tiles.num_warps,
+        **launch_options(pdl))
     return out

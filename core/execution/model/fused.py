@@ -24,12 +24,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from core.execution.dependent_launch import dependent_launch
+from core.execution.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait, launch_options
 
 try:
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # an install without triton: the torch ops serve every device
     triton = None
 
@@ -89,7 +88,7 @@ def _rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     _rms_norm_kernel[(rows.shape[0],)](
         rows, residual_rows, weight, out, new_residual,
         rows.stride(0), residual_rows.stride(0), size, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, launch_pdl=pdl,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, **launch_options(pdl),
         # 16 values a thread (two 16-byte loads in bf16): 16 warps for Qwen3-14B's 5,120.
         num_warps=max(1, min(16, block // 512)), enable_fp_fusion=False,
     )
@@ -130,7 +129,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_out.stride(0), k_out.stride(0),
         cos.stride(0), eps,
         NUM_Q_GROUPS=num_q_heads // heads, HEADS=heads, HALF=half, BLOCK_HALF=block_half, PDL=pdl,
-        launch_pdl=pdl,
+        **launch_options(pdl),
         # 8 values a thread: eight 128-dim heads on 2 warps
         num_warps=max(1, min(4, heads * block_half // 256)), enable_fp_fusion=False,
     )
@@ -161,7 +160,7 @@ def silu_mul(gate_up: torch.Tensor, *, use_triton: bool | None = None) -> torch.
     out = torch.empty(rows.shape[0], size, dtype=gate_up.dtype, device=gate_up.device)
     pdl = dependent_launch(gate_up.device)
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(size, SILU_BLOCK))](
-        rows, out, rows.stride(0), size, BLOCK=SILU_BLOCK, PDL=pdl, launch_pdl=pdl, num_warps=4,
+        rows, out, rows.stride(0), size, BLOCK=SILU_BLOCK, PDL=pdl, **launch_options(pdl), num_warps=4,
         enable_fp_fusion=False,
     )
     return out.view(*gate_up.shape[:-1], size)
