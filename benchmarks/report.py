@@ -28,11 +28,12 @@ import subprocess
 from benchmarks.lib.layout_report import layout_markdown, layout_rows
 from benchmarks.lib.load_summary import sampling_text
 
-ORDER = ("chat", "c1", "c1_defaults", "c16", "c64", "c302", "c302_defaults", "c1_sync", "c302_sync",
+ORDER = ("chat", "c1", "c1_defaults", "c4", "c16", "c64", "c302", "c302_defaults", "c1_sync", "c302_sync",
          "prefix_on", "prefix_on_sync", "prefix_off", "dp2", "prefix_burst_dp1", "prefix_burst_dp2",
          "prefix_burst_dp1_fp8", "prefix_burst_dp2_fp8",
          "peer_cadence", "tp2", "tp2_c302", "tp4", "tp8", "dp2_gpus", "dp4_gpus", "dp8_gpus", "dp2tp2",
-         "c1_fp8", "c1_fp8_defaults", "c302_fp8", "c302_fp8_defaults", "prefix_on_fp8", "peer_cadence_fp8")
+         "c1_fp8", "c1_fp8_defaults", "c4_fp8", "c302_fp8", "c302_fp8_defaults", "prefix_on_fp8",
+         "peer_cadence_fp8")
 # Per-request and per-sample arrays of the load tool, a drill's /health samples, the matrix's cells.
 _BULKY = ("requests", "output_tokens_per_second", "kv_usage_over_time", "health", "cells")
 

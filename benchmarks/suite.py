@@ -34,6 +34,8 @@ Runs (the performance report's keys):
   c1_fp8_kvfp8, c302_fp8_kvfp8  c1 and c302 in FP8 with an fp8 KV cache (--kv-cache-dtype fp8)
   c1_json, c64_json    c1 and c64's prompts with every reply in JSON mode (response_format
                        json_object, through the load tool's --extra-body)
+  c4, c4_fp8           random 1,784 in / 256 out at concurrency 4, 32 prompts, bf16 and FP8 (decode
+                       steps of 2-4 rows)
 On several cards (benchmarks/lib/layout_runs.py; `--runs multi-gpu` is c1, c302 and all of them),
 one card per rank:
   tp2, tp4, tp8        c1 with --tp 2, 4, 8 (2, 4, 8 GPUs); tp2_c302: c302 with --tp 2 (2 GPUs)

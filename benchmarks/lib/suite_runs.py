@@ -117,4 +117,7 @@ SINGLE_CARD_RUNS = {
     # works out each row's mask while the GPU runs the forward, and such a step samples eagerly.
     "c1_json": Run("c1_json", (), (*RANDOM, "--max-concurrency", "1", *JSON_MODE), 16, "c1"),
     "c64_json": Run("c64_json", (), (*RANDOM, "--max-concurrency", "64", *JSON_MODE), 320, "c64"),
+    # A few concurrent users: decode steps of 2-4 rows, between the row GEMV's one and cuBLAS's many.
+    "c4": Run("c4", (), (*RANDOM, "--max-concurrency", "4"), 32),
+    "c4_fp8": Run("c4_fp8", FP8, (*RANDOM, "--max-concurrency", "4"), 32, "c4"),
 }
