@@ -78,20 +78,20 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_
         w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
         x_ptrs = xq_ptr + tokens[:, None].to(tl.int64) * stride_xm + cols[None, :]
         xs_ptrs = xs_ptr + tokens[:, None].to(tl.int64) * stride_xsm + groups[None, :] * stride_xsg
+        col_mask = cols < K
+        group_mask = groups * GROUP < K
         if EVEN:  # whole pieces and programs: unmasked loads, the widest vectors
             w = tl.load(w_ptrs)
             w_scale = tl.load(ws_row + groups * stride_wsk)
-            if PDL and first == 0:
-                gdc_wait()
+        else:
+            w = tl.load(w_ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+            w_scale = tl.load(ws_row + groups * stride_wsk, mask=group_mask, other=0.0)
+        if PDL and first == 0:
+            gdc_wait()
+        if EVEN:
             x = tl.load(x_ptrs)
             x_scale = tl.load(xs_ptrs)
         else:
-            col_mask = cols < K
-            group_mask = groups * GROUP < K
-            w = tl.load(w_ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-            w_scale = tl.load(ws_row + groups * stride_wsk, mask=group_mask, other=0.0)
-            if PDL and first == 0:
-                gdc_wait()
             x = tl.load(x_ptrs, mask=col_mask[None, :], other=0.0)
             x_scale = tl.load(xs_ptrs, mask=group_mask[None, :], other=0.0)
         w4 = tl.reshape(w.to(tl.float32), (1, ROWS, GROUPS, GROUP))
