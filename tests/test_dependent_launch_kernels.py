@@ -32,13 +32,20 @@ BEFORE_THE_WAIT = {
 MODULES = (fp8_kernels, fp8_row_gemv, fused, triton_decode, triton_kv_write)
 
 
+def jitted(obj) -> object | None:
+    """The Python function behind a triton.jit object (compiled or, under the interpreter, interpreted)."""
+    fn = getattr(obj, "fn", None)
+    return fn if inspect.isfunction(fn) and not inspect.isfunction(obj) else None
+
+
 def pdl_kernels() -> dict[str, tuple[object, ast.FunctionDef]]:
     found = {}
     for module in MODULES:
         for name, obj in vars(module).items():
-            jit = isinstance(obj, triton.runtime.jit.JITFunction)
-            if jit and "PDL" in inspect.signature(obj.fn).parameters:
-                tree = ast.parse(textwrap.dedent(inspect.getsource(obj.fn)))
+            fn = jitted(obj)
+            own = fn is not None and fn.__module__ == module.__name__
+            if own and "PDL" in inspect.signature(fn).parameters:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
                 found[name] = (module, tree.body[0])
     return found
 
@@ -59,8 +66,8 @@ def pointers_behind(expression: ast.AST, assigned: dict[str, set[str]]) -> set[s
 
 
 def stores_inside(module, function_name: str) -> bool:
-    helper = vars(module).get(function_name)
-    return isinstance(helper, triton.runtime.jit.JITFunction) and "tl.store" in inspect.getsource(helper.fn)
+    helper = jitted(vars(module).get(function_name))
+    return helper is not None and "tl.store" in inspect.getsource(helper)
 
 
 def test_every_pdl_kernel_is_listed():
