@@ -106,11 +106,10 @@ def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torc
 
 def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                   gated: bool = False) -> torch.Tensor:
-    from core.execution.model.fp8_kernels import quantize_activations
-    from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, fp8_row_gemv
+    from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M
 
-    if x.shape[0] <= ROW_GEMV_MAX_M:
-        return fp8_row_gemv(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
+    if x.shape[0] <= ROW_GEMV_MAX_M:  # triton_gemm's row GEMV
+        return triton_gemm(x, weight, weight_scale_inv, gated)
     return scaled_mm_gemm(x, weight, weight_scale_inv, gated)
 
 
