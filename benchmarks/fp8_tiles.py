@@ -6,7 +6,8 @@ and tiles `fp8_gemm` / `fp8_gemv` / `fp8_kernels.matmul_tiles` should pick per r
 Per (layer, M): bf16 F.linear; up to 16 rows the activation quantization alone, the FP8 decode GEMV
 (the quantization included, as served) with the tiles `gemv_tiles` picks and a grid of others
 (columns a program, K splits, pipeline stages), up to 8 rows the row GEMV (fp8_row_gemv.py) with
-its default tiles (and at one row a grid of others: rows a program, columns a piece, warps), and the
+its default tiles (and at one row a grid of others: rows a program, columns a piece, warps; from
+two rows, 2-8 tokens a program, each weight row read once for them all), and the
 tensor-core GEMM quantizing inside; from 256 rows the tensor-core GEMM's tile variants after a
 separate quantization; the server's `triton` path (from 9 rows) and torch's block-scaled
 `scaled_mm` (every M, its rows padded to 16 as `fp8_gemm.scaled_mm_gemm` does), and up to 64 rows
@@ -113,6 +114,12 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
             if m == 1:
                 tiles = RowGemvTiles(rows, chunk, warps)
                 calls[f"row gemv r{rows} c{chunk} w{warps}"] = lambda i, tiles=tiles: fp8_row_gemv(
+                    *quantize_activations(x), *fp8[i], torch.bfloat16, tiles)
+        # Several tokens a program, each weight row read once for them all.
+        for tokens, rows, chunk, warps in itertools.product((2, 4, 8), (2, 4), (1024, 2048), (4, 8)):
+            if m > 1 and tokens <= 1 << (m - 1).bit_length():
+                tiles = RowGemvTiles(rows, chunk, warps, tokens)
+                calls[f"row gemv t{tokens} r{rows} c{chunk} w{warps}"] = lambda i, tiles=tiles: fp8_row_gemv(
                     *quantize_activations(x), *fp8[i], torch.bfloat16, tiles)
     if m > 8:
         calls["triton"] = lambda i: triton_gemm(x, *fp8[i])

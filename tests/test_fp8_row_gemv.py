@@ -58,9 +58,10 @@ def test_row_gemv_equals_the_reference(m, n, k):
 
 
 @pytest.mark.parametrize("tiles", [RowGemvTiles(1, 128, 4), RowGemvTiles(2, 256, 4), RowGemvTiles(8, 512, 8),
-                                   RowGemvTiles(128, 128, 4)], ids=str)
+                                   RowGemvTiles(128, 128, 4), RowGemvTiles(2, 256, 4, tokens=2),
+                                   RowGemvTiles(4, 512, 4, tokens=4)], ids=str)
 def test_every_tile_shape_gives_the_reference(tiles):
-    x, weight, scale_inv = decode_inputs(2, 200, 1000, seed=tiles.rows + tiles.chunk)
+    x, weight, scale_inv = decode_inputs(3, 200, 1000, seed=tiles.rows + tiles.chunk)
     out = row_gemv(x, weight, scale_inv, torch.float32, tiles)
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
 
@@ -74,15 +75,20 @@ def test_half_precision_output_is_the_float32_result_rounded_once():
 
 
 def test_default_tiles_are_the_measured_ones():
-    assert row_gemv_tiles(1, 7168, 5120) == RowGemvTiles(rows=2, chunk=2048, num_warps=4)
-    assert row_gemv_tiles(1, 5120, 17408) == RowGemvTiles(rows=2, chunk=2048, num_warps=4)
-    assert row_gemv_tiles(1, 64, 100) == RowGemvTiles(rows=2, chunk=128, num_warps=4)
+    assert row_gemv_tiles(1, 7168, 5120) == RowGemvTiles(rows=2, chunk=2048, num_warps=4, tokens=1)
+    assert row_gemv_tiles(1, 5120, 17408) == RowGemvTiles(rows=2, chunk=2048, num_warps=4, tokens=1)
+    assert row_gemv_tiles(1, 64, 100) == RowGemvTiles(rows=2, chunk=128, num_warps=4, tokens=1)
+    assert [row_gemv_tiles(m, 5120, 5120).tokens for m in (2, 3, 4, 8)] == [2, 4, 4, 4]
 
 
-@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("m", [2, 3, 4, 5])
 def test_a_row_alone_computes_as_in_a_step_of_several(m):
+    """Alone (one token a program) and in a step of m (the default's tokens a program, which read
+    their weight rows once), a row gets the same bits."""
     x, weight, scale_inv = decode_inputs(m, 256, 1000, seed=m)
     together = row_gemv(x, weight, scale_inv, torch.float32)
+    one_a_program = row_gemv(x, weight, scale_inv, torch.float32, RowGemvTiles(2, 1024, 4, tokens=1))
+    assert torch.equal(together, one_a_program)
     for row in range(m):
         assert torch.equal(row_gemv(x[row:row + 1], weight, scale_inv, torch.float32), together[row:row + 1])
 

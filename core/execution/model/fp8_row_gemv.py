@@ -4,14 +4,18 @@ cores. No K split, so no partial sums and no second kernel.
 
 `fp8_row_gemv(x_q, x_scales, weight, weight_scale_inv, out_dtype)`: x_q fp8 [M, K] with scales
 [M, ceil(K/128)] (`fp8_kernels.quantize_activations`), weight fp8 [N, K] with 128 x 128 block scales
--> [M, N], for decode's few rows. A program takes one token and `rows` weight rows (inside one
+-> [M, N], for decode's few rows. A program takes `tokens` tokens and `rows` weight rows (inside one
 128-row block, so one row of weight scales) and walks K in `chunk`-column pieces, unrolled (K is
 a compile-time constant), so that the compiler can issue every piece's load before the first multiply. Per
 128-column group it sums x_q * w in float32, scales the sum by the token's and the block's scale,
 and adds the groups in order: the definition `fp8_format.reference_matmul` computes, in another
-order. One token a program keeps each token's arithmetic the same whatever the step's row count
-(a first version held all of a step's tokens in one program: a row alone then differed from itself
-in a step of 2-4 in the last bits, and 2-4 rows ran 3-20x slower than one).
+order. Each token goes through the same operations, one after the other on the piece of weight the
+program holds, so a token's arithmetic is the same whatever the step's row count (a first version
+held all of a step's tokens in one 4-D product: a row alone then differed from itself in a step of
+2-4 in the last bits, and 2-4 rows ran 3-20x slower than one; one token a program reads the weight
+once per token, 175 us a layer at two rows against cuBLAS's 164). Several tokens a program read
+each weight row once for all of them; how that compares at 2-8 rows is for `benchmarks.fp8_tiles`
+to measure before ROW_GEMV_MAX_M grows.
 
 Why: a CUDA graph of kernels that only read the 14B layer's FP8 weights, 32 KB a program in one
 load, reads them at 3.0 TB/s on an H100 (benchmarks/launch_overlap.py), where cuBLAS's block-scaled
@@ -42,44 +46,46 @@ class RowGemvTiles(NamedTuple):
     rows: int  # weight rows a program owns: a power of two dividing 128
     chunk: int  # columns of K a piece: a power-of-two multiple of 128
     num_warps: int
+    # The step's tokens a program multiplies by its weight rows, which it reads once for them all: a
+    # power of two. Each token's arithmetic is the same whatever `tokens` is.
+    tokens: int = 1
 
 
 def row_gemv_tiles(m: int, n: int, k: int) -> RowGemvTiles:
     """2 rows a program, 2,048 columns a piece, 4 warps: the best at one row on all four Qwen3-14B
     products on an H100 (`python -m benchmarks.fp8_tiles`; 1, 4 and 8 rows, 512 and 1,024 columns
-    and 8 warps were as fast or slower)."""
-    return RowGemvTiles(rows=2, chunk=min(2048, triton.next_power_of_2(max(k, BLOCK))), num_warps=4)
+    and 8 warps were as fast or slower). Up to 4 of a step's tokens a program (a first guess)."""
+    tokens = min(4, triton.next_power_of_2(max(m, 1)))
+    return RowGemvTiles(rows=2, chunk=min(2048, triton.next_power_of_2(max(k, BLOCK))), num_warps=4,
+                        tokens=tokens)
 
 
-# The token is the grid's fastest axis, so a step's tokens read the same weight rows together (the
+# Token groups are the grid's fastest axis, so a step's groups read the same weight rows together (the
 # second read comes from L2). The row strides are specialized on (Triton learns they are multiples
 # of 16): without that, a token's row of x cannot be loaded in 16-byte vectors.
-@triton.jit
-def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_xsm, stride_xsg,
+@triton.jit(do_not_specialize=["M"])
+def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, stride_xm, stride_xsm, stride_xsg,
                      stride_wn, stride_wsn, stride_wsk, stride_cm, K: tl.constexpr,
                      ROWS: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, EVEN: tl.constexpr,
-                     PDL: tl.constexpr):
+                     TOKENS: tl.constexpr, PDL: tl.constexpr):
     """c[m, n] = sum over K's groups g of (sum_k x_q[m, k] w[n, k]) * x_scale[m, g] * w_scale[n/128, g],
-    one token and ROWS weight rows a program: a token computes alike whatever else shares its step."""
+    TOKENS tokens and ROWS weight rows a program, each token with the same operations: a token
+    computes alike whatever else shares its step."""
     GROUPS: tl.constexpr = CHUNK // GROUP
     if PDL:  # core/execution/dependent_launch.py: the first piece's weight loads go out before the wait
         gdc_launch_dependents()
-    # The token as a one-long axis of every tile: the shapes of the version that held a step's tokens in
-    # one program, measured at one token (127.7 us a layer).
-    tokens = tl.program_id(0) + tl.arange(0, 1)
+    first_token = tl.program_id(0) * TOKENS
     block = tl.program_id(1)
     rows = block * ROWS + tl.arange(0, ROWS)
     row_mask = rows < N
     ws_row = ws_ptr + ((block * ROWS) // GROUP) * stride_wsn
-    acc = tl.zeros((1, ROWS), dtype=tl.float32)
+    acc = tl.zeros((TOKENS, ROWS), dtype=tl.float32)
     for first in tl.static_range(0, K, CHUNK):
         cols = first + tl.arange(0, CHUNK)
         groups = first // GROUP + tl.arange(0, GROUPS)
-        w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
-        x_ptrs = xq_ptr + tokens[:, None].to(tl.int64) * stride_xm + cols[None, :]
-        xs_ptrs = xs_ptr + tokens[:, None].to(tl.int64) * stride_xsm + groups[None, :] * stride_xsg
         col_mask = cols < K
         group_mask = groups * GROUP < K
+        w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
         if EVEN:  # whole pieces and programs: unmasked loads, the widest vectors
             w = tl.load(w_ptrs)
             w_scale = tl.load(ws_row + groups * stride_wsk)
@@ -88,19 +94,38 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, N, stride_xm, stride_
             w_scale = tl.load(ws_row + groups * stride_wsk, mask=group_mask, other=0.0)
         if PDL and first == 0:
             gdc_wait()
-        if EVEN:
-            x = tl.load(x_ptrs)
-            x_scale = tl.load(xs_ptrs)
-        else:
-            x = tl.load(x_ptrs, mask=col_mask[None, :], other=0.0)
-            x_scale = tl.load(xs_ptrs, mask=group_mask[None, :], other=0.0)
+        # The piece of weight, read once, times each token in turn. A token is a one-long axis of every
+        # tile: the shapes of the version that held a step's tokens in one program, measured at one
+        # token (127.7 us a layer).
         w4 = tl.reshape(w.to(tl.float32), (1, ROWS, GROUPS, GROUP))
-        x4 = tl.reshape(x.to(tl.float32), (1, 1, GROUPS, GROUP))
-        sums = tl.sum(w4 * x4, axis=3)  # [1, ROWS, GROUPS]
-        scales = x_scale * w_scale[None, :]  # [1, GROUPS]
-        acc += tl.sum(sums * scales[:, None, :], axis=2)
+        for t in tl.static_range(TOKENS):
+            tokens = first_token + t + tl.arange(0, 1)
+            x_ptrs = xq_ptr + tokens[:, None].to(tl.int64) * stride_xm + cols[None, :]
+            xs_ptrs = xs_ptr + tokens[:, None].to(tl.int64) * stride_xsm + groups[None, :] * stride_xsg
+            if TOKENS > 1:  # the last group may run past the step's tokens
+                in_step = tokens[:, None] < M
+                x = tl.load(x_ptrs, mask=in_step & col_mask[None, :], other=0.0)
+                x_scale = tl.load(xs_ptrs, mask=in_step & group_mask[None, :], other=0.0)
+            elif EVEN:
+                x = tl.load(x_ptrs)
+                x_scale = tl.load(xs_ptrs)
+            else:
+                x = tl.load(x_ptrs, mask=col_mask[None, :], other=0.0)
+                x_scale = tl.load(xs_ptrs, mask=group_mask[None, :], other=0.0)
+            x4 = tl.reshape(x.to(tl.float32), (1, 1, GROUPS, GROUP))
+            sums = tl.sum(w4 * x4, axis=3)  # [1, ROWS, GROUPS]
+            scales = x_scale * w_scale[None, :]  # [1, GROUPS]
+            part = tl.sum(sums * scales[:, None, :], axis=2)  # [1, ROWS]
+            if TOKENS == 1:
+                acc += part
+            else:
+                acc = tl.where((tl.arange(0, TOKENS) == t)[:, None], acc + part, acc)
+    tokens = first_token + tl.arange(0, TOKENS)
     c_ptrs = c_ptr + tokens[:, None].to(tl.int64) * stride_cm + rows[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[None, :])
+    if TOKENS > 1:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(tokens[:, None] < M) & row_mask[None, :])
+    else:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[None, :])
 
 
 def fp8_row_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
@@ -113,15 +138,16 @@ def fp8_row_gemv(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor
     assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1
     assert m <= 16, f"the row GEMV multiplies on the CUDA cores: it is for decode's few rows, not {m}"
     tiles = tiles or row_gemv_tiles(m, n, k)
-    assert BLOCK % tiles.rows == 0 and tiles.chunk % BLOCK == 0, tiles
+    assert BLOCK % tiles.rows == 0 and tiles.chunk % BLOCK == 0 and tiles.tokens in (1, 2, 4, 8, 16), tiles
     out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
     if m == 0:
         return out
     pdl = dependent_launch(x_q.device)
-    _row_gemv_kernel[(m, triton.cdiv(n, tiles.rows))](
-        x_q, x_scales, weight, weight_scale_inv, out, n, x_q.stride(0), x_scales.stride(0),
+    _row_gemv_kernel[(triton.cdiv(m, tiles.tokens), triton.cdiv(n, tiles.rows))](
+        x_q, x_scales, weight, weight_scale_inv, out, m, n, x_q.stride(0), x_scales.stride(0),
         x_scales.stride(1), weight.stride(0), weight_scale_inv.stride(0), weight_scale_inv.stride(1),
         out.stride(0), K=k, ROWS=tiles.rows, CHUNK=tiles.chunk, GROUP=BLOCK,
-        EVEN=k % tiles.chunk == 0 and n % tiles.rows == 0, PDL=pdl, num_warps=tiles.num_warps,
+        EVEN=k % tiles.chunk == 0 and n % tiles.rows == 0, TOKENS=tiles.tokens, PDL=pdl,
+        num_warps=tiles.num_warps,
         **launch_options(pdl))
     return out
