@@ -27,9 +27,11 @@ from benchmarks.generalization.matrix import (
     run_matrix,
 )
 from benchmarks.generalization.report import render_markdown
+from benchmarks.generalization.server import Server
 from benchmarks.generalization.server_plans import MULTI_GPU_LAYOUTS
 from benchmarks.generalization.workload import Workload, make_shape
 from ipc.messages import TopLogprob
+from procs.args import launch_options_from_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -103,6 +105,55 @@ def test_bf16_divergence_is_accepted_only_at_a_near_tie_of_the_two_tokens():
             "and 4") in compare(reference, third, BF16).message
     shorter = _generation([5, 8], [[(5, -1.0), (9, -3.0)], [(8, -1.01), (6, -1.02)]])
     assert "2 tokens where the reference has 3" in compare(reference, shorter, BF16).message
+
+
+def test_a_divergence_beyond_a_runs_top_logprobs_is_scored_again_teacher_forced():
+    """The reference's top 2 reach 0.03 nats under its best and miss this run's token 4: the runs
+    cannot tell, so the position is scored again; a top that reaches past the tolerance can."""
+    reference = _generation([5, 6], [[(5, -1.0), (9, -3.0)], [(6, -1.00), (8, -1.03)]])
+    actual = _generation([5, 4], [[(5, -1.0), (9, -3.0)], [(4, -1.0), (6, -1.01)]])
+    asked = []
+
+    def score(gaps):
+        def scorer(position, tokens):
+            asked.append((position, tokens))
+            return gaps
+        return scorer
+
+    agreement = compare(reference, actual, BF16, score=score({6: 0.0, 4: 0.2}))
+    assert agreement.ok and "teacher-forced, 6 0, 4 0.2 nats under the best" in agreement.message
+    assert asked == [(1, (6, 4))]  # the reference's token first, at the first differing position
+    refused = compare(reference, actual, BF16, score=score({6: 0.0, 4: 0.5}))
+    assert "teacher-forced, the tokens lie 6 0, 4 0.5 nats under the best (> 0.35)" in refused.message
+    assert "nothing scores the position again" in compare(reference, actual, BF16).message
+
+    def broken(position, tokens):
+        raise RuntimeError("the server is gone")
+    assert "scoring it again failed: RuntimeError: the server is gone" in compare(
+        reference, actual, BF16, score=broken).message
+    deep = _generation([5, 6], [[(5, -1.0), (9, -3.0)], [(6, -1.00), (8, -1.5)]])  # 0.5 deep: 4 is farther
+    asked.clear()
+    assert "down to 0.5 nats under its best" in compare(deep, actual, BF16, score=score({})).message
+    assert asked == []  # no third computation where a run already says no
+
+
+def test_score_next_gives_the_decodes_own_logprobs_teacher_forced():
+    """On the CPU (float32) a teacher-forced score of a position equals what decoding computed there:
+    the greedy token 0 nats under the best, the second-best as far under as the decode's top logprobs say."""
+    args = parse_args(["--subset", "cpu", "--device", "cpu"])
+    config = base_config(args)
+    workload = Workload(make_shape("cpu", config.cache.block_size, config.max_model_len))
+    job = workload.length_job(17, 8)
+    with Server("score", config, launch_options_from_args(args), request_timeout_s=120) as server:
+        generation = server.run([job])[job.key]
+        for position in (0, 5):
+            token, (best, second) = generation.token_ids[position], generation.top_logprobs[position][:2]
+            assert best.token_id == token
+            gaps = server.score_next(job.key, generation.token_ids[:position], (token, second.token_id))
+            assert gaps[token] == pytest.approx(0.0, abs=1e-4)
+            assert gaps[second.token_id] == pytest.approx(best.logprob - second.logprob, abs=1e-3)
+        with pytest.raises(KeyError, match="ran no job"):
+            server.score_next("never/run", [], (1,))
 
 
 def test_fp8_activations_get_the_wider_measured_tie_and_the_cpu_keeps_the_exact_rule():

@@ -8,7 +8,7 @@ names the request and the numbers, instead of stopping at the first. The matrix 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from api.generation import Generation
@@ -16,12 +16,17 @@ from benchmarks.generalization.compare import Tolerance, compare
 from benchmarks.generalization.server import Server
 from benchmarks.generalization.workload import Job, Workload
 
+# (job key, the output before the position, tokens) -> each token's nats under the position's best
+NextTokenScorer = Callable[[str, Sequence[int], Sequence[int]], dict[int, float]]
+
 
 class Checks:
-    """The failed invariants of one cell, and what it measured along the way."""
+    """The failed invariants of one cell, and what it measured along the way. `score_next` (the cell's
+    server's Server.score_next) decides divergences the runs' top logprobs cannot (compare.py)."""
 
-    def __init__(self, tolerance: Tolerance) -> None:
+    def __init__(self, tolerance: Tolerance, score_next: NextTokenScorer | None = None) -> None:
         self.tolerance = tolerance
+        self.score_next = score_next
         self.failures: list[str] = []
         self.details: dict[str, object] = {}
         self.notes: list[str] = []
@@ -76,7 +81,11 @@ class Checks:
             missing = "reference" if reference is None else "output"
             return self.expect(False, f"{key}: no {missing} to compare (the cell that makes it failed)")
         self.num_compared += 1
-        agreement = compare(reference, actual, self.tolerance, constrained)
+        score = None
+        if self.score_next is not None:
+            def score(position: int, tokens: tuple[int, ...]) -> dict[int, float]:
+                return self.score_next(key, reference.token_ids[:position], tokens)
+        agreement = compare(reference, actual, self.tolerance, constrained, score)
         if agreement.max_logprob_diff is not None:
             self.max_logprob_diff = max(self.max_logprob_diff or 0.0, agreement.max_logprob_diff)
         if agreement.ok and agreement.message:

@@ -41,16 +41,30 @@ Both runs ask for logprobs (the sampled token's and the top 2). The rule depends
   scheduling, caching and paging code, are the matrix's finer checks. Both tokens must still be
   among both runs' top logprobs (100). On the CPU an FP8
   server computes in float32 from dequantized weights and gets the float32 rule.
+
+Where a run's top logprobs (100) do not reach the other run's token and reach less than `tie_nats`
+below its best (the dummy weights' flat distributions: the 100th token can sit 1.4 nats under the
+best, inside FP8's 3.0), the runs cannot tell. Then the position is scored again, teacher-forced:
+one request per token whose prompt is the job's prompt, the output the two runs shared and that
+token, its prompt logprobs giving the token's logprob and the position's best in one computation
+(Server.score_next). The divergence is a near-tie if both tokens lie within `tie_nats` of that best.
+A token shown more than `tie_nats` under a run's best, or missing from a top that reaches that
+deep, fails without a third computation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from api.generation import Generation
 
 EXACT_DTYPES = ("float32",)
 TIE_NATS = {None: 0.35, "fp8": 3.0}  # near-tie tolerance by quantization (measured: see above)
+# Scores a divergence again: (position, tokens) -> each token's nats under the position's best logprob,
+# teacher-forced after the output both runs shared up to `position`.
+Scorer = Callable[[int, tuple[int, ...]], dict[int, float]]
+TIE, NO_TIE, UNDECIDED = "tie", "no tie", "undecided"
 
 
 @dataclass(frozen=True)
@@ -82,14 +96,16 @@ class Agreement:
 
 
 def compare(reference: Generation, actual: Generation, tolerance: Tolerance,
-            constrained: bool = False) -> Agreement:
+            constrained: bool = False, score: Scorer | None = None) -> Agreement:
     """Whether `actual` reproduces `reference` under `tolerance`; the message names the position.
 
     `constrained`: a structured output's, whose greedy token is the likeliest the grammar allows,
     often far below the top logprobs. Up to a divergence both runs allowed the same tokens, so at
     a near-tie each run's own token has nearly the logprob the other run's token has there: the
     two chosen tokens' logprobs must be within the tie tolerance. After it the outputs may differ
-    in length (the grammar's check of each output is the cell's)."""
+    in length (the grammar's check of each output is the cell's).
+
+    `score`: what decides a divergence the runs' top logprobs cannot (the module docstring says when)."""
     if actual.refused is not None or actual.error is not None:
         return Agreement(False, f"ended with an error: {actual.error}")
     ref_ids, ids = reference.token_ids, actual.token_ids
@@ -100,11 +116,18 @@ def compare(reference: Generation, actual: Generation, tolerance: Tolerance,
         if tolerance.exact:
             return Agreement(False, f"token {first} is {ids[first]} where the reference has {ref_ids[first]} "
                                     f"({_window(ref_ids, first)} vs {_window(ids, first)})", diff)
-        tie = (_masked_near_tie if constrained else _near_tie)(reference, actual, first, tolerance.tie_nats)
-        if tie is not None:
+        if constrained:
+            why = _masked_near_tie(reference, actual, first, tolerance.tie_nats)
+            verdict = NO_TIE if why else TIE
+        else:
+            verdict, why = _near_tie(reference, actual, first, tolerance.tie_nats)
+            if verdict == UNDECIDED:
+                tokens = (ref_ids[first], ids[first])
+                verdict, why = _scored_near_tie(score, first, tokens, tolerance.tie_nats, why)
+        if verdict != TIE:
             return Agreement(False, f"token {first} is {ids[first]} where the reference has "
-                                    f"{ref_ids[first]}, and it is no near-tie: {tie}", diff)
-        note = f"diverged at token {first} after a near-tie"
+                                    f"{ref_ids[first]}, and it is no near-tie: {why}", diff)
+        note = f"diverged at token {first} after a near-tie" + (f" ({why})" if why else "")
     if len(ids) != len(ref_ids) and not (constrained and first is not None):
         return Agreement(False, f"{len(ids)} tokens where the reference has {len(ref_ids)}", diff)
     if actual.finish_reason != reference.finish_reason:
@@ -117,29 +140,52 @@ def compare(reference: Generation, actual: Generation, tolerance: Tolerance,
     return Agreement(True, note, diff)
 
 
-def _near_tie(reference: Generation, actual: Generation, position: int, tie_nats: float) -> str | None:
-    """None when the two runs' tokens at `position` are a near-tie in both runs; else why not.
+def _near_tie(reference: Generation, actual: Generation, position: int, tie_nats: float) -> tuple[str, str]:
+    """(TIE, "") when the two runs' tokens at `position` are a near-tie in both runs; (NO_TIE, why)
+    when a run shows they are not; (UNDECIDED, why) when a run's top logprobs do not reach a token
+    and reach less than `tie_nats` under its best, and no run says NO_TIE.
 
     In each run both tokens must be among its top logprobs, each within `tie_nats` of its best:
     with random bf16 weights three or more tokens often sit within one bf16 step of the top.
     """
     mine, theirs = reference.token_ids[position], actual.token_ids[position]
+    undecided = ""
     for name, run in (("reference", reference), ("this run", actual)):
         tops = run.top_logprobs
         if tops is None or len(tops) <= position or len(tops[position]) < 2:
-            return f"{name} has no top logprobs at token {position}"
+            return NO_TIE, f"{name} has no top logprobs at token {position}"
         logprobs = {top.token_id: top.logprob for top in tops[position]}
-        if mine not in logprobs or theirs not in logprobs:
-            shown = [top.token_id for top in tops[position]]
-            depth = tops[position][0].logprob - tops[position][-1].logprob
-            return (f"{name}'s top {len(shown)} at token {position} (down to {depth:.3g} nats under its "
-                    f"best) do not hold both tokens {mine} and {theirs}; the first ten: {shown[:10]}")
         best = tops[position][0].logprob
-        gap = max(best - logprobs[mine], best - logprobs[theirs])
+        shown = [logprobs[token] for token in (mine, theirs) if token in logprobs]
+        gap = max((best - logprob for logprob in shown), default=0.0)
         if gap > tie_nats:
-            return (f"{name}'s logprobs of {mine} and {theirs} are {gap:.3g} nats apart from its best "
-                    f"(> {tie_nats:g})")
-    return None
+            return NO_TIE, (f"{name}'s logprobs of {mine} and {theirs} are {gap:.3g} nats apart from its "
+                            f"best (> {tie_nats:g})")
+        if len(shown) < 2:
+            ids = [top.token_id for top in tops[position]]
+            depth = best - tops[position][-1].logprob
+            why = (f"{name}'s top {len(ids)} at token {position} (down to {depth:.3g} nats under its "
+                   f"best) do not hold both tokens {mine} and {theirs}; the first ten: {ids[:10]}")
+            if depth >= tie_nats:
+                return NO_TIE, why
+            undecided = undecided or why
+    return (UNDECIDED, undecided) if undecided else (TIE, "")
+
+
+def _scored_near_tie(score: Scorer | None, position: int, tokens: tuple[int, int], tie_nats: float,
+                     undecided: str) -> tuple[str, str]:
+    """Decide an UNDECIDED divergence by scoring both tokens again, teacher-forced."""
+    if score is None:
+        return NO_TIE, f"{undecided}, and nothing scores the position again"
+    try:
+        gaps = score(position, tokens)
+    except Exception as exc:  # noqa: BLE001 - a scoring that fails leaves the divergence unproven
+        return NO_TIE, f"{undecided}; scoring it again failed: {type(exc).__name__}: {exc}"
+    said = ", ".join(f"{token} {gaps[token]:.3g}" for token in tokens)
+    if max(gaps[token] for token in tokens) > tie_nats:
+        return NO_TIE, (f"{undecided}; teacher-forced, the tokens lie {said} nats under the best "
+                        f"(> {tie_nats:g})")
+    return TIE, f"beyond a run's top logprobs; teacher-forced, {said} nats under the best"
 
 
 def _masked_near_tie(reference: Generation, actual: Generation, position: int, tie_nats: float) -> str | None:

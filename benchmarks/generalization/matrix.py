@@ -191,7 +191,7 @@ class Matrix:
             server.__exit__(None, None, None)
 
     def run_cell(self, cell: Cell, server: Server, config: dict, shared: dict) -> dict:
-        checks = Checks(self.tolerance)
+        checks = Checks(self.tolerance, server.score_next)
         started = time.perf_counter()
         if not server.launcher.serving:
             why = server.launcher.fatal_error or "a replica is down"

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 
 from api.client import Client
 from api.generation import Generation, make_request
 from benchmarks.generalization.workload import Job
 from core.config import EngineConfig
+from core.sampling_params import SamplingParams
 from ipc.messages import ReplicaInfo, ServerInfo
 from procs.launch_options import LaunchOptions
 from procs.launcher import Launcher
@@ -37,6 +39,7 @@ class Server:
         self.client: Client | None = None
         self.startup_s = 0.0
         self._ids = itertools.count()
+        self.prompts: dict[str, list[int]] = {}  # every job's prompt by key, for score_next
 
     def __enter__(self) -> Server:
         started = time.perf_counter()
@@ -61,9 +64,29 @@ class Server:
         """Submit every job at once (one batch as far as the scheduler is concerned); results by key."""
         if len({job.key for job in jobs}) != len(jobs):
             raise ValueError(f"server {self.name}: a batch repeats a job key; give each copy its own key")
+        self.prompts.update((job.key, job.prompt) for job in jobs)
         requests = [make_request(f"{job.key}#{next(self._ids)}", job.prompt, job.params) for job in jobs]
         generations = self.client.generate(requests)
         return {job.key: g for job, g in zip(jobs, generations)}
+
+    def score_next(self, key: str, output: Sequence[int], tokens: Sequence[int]) -> dict[int, float]:
+        """How many nats under the best logprob each of `tokens` lies after job `key`'s prompt (a job
+        this server ran) and `output`, teacher-forced: per token one request whose prompt ends with it,
+        its prompt logprobs giving the token's logprob and the position's best from one computation.
+        (A server with the prefix cache on keeps these prompts' pages like any other's.)"""
+        prompt = self.prompts.get(key)
+        if prompt is None:
+            raise KeyError(f"server {self.name} ran no job {key!r} to score")
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=1)
+        jobs = [Job(f"{key}~score{token}", [*prompt, *output, token], params) for token in tokens]
+        gaps: dict[int, float] = {}
+        for token, job in zip(tokens, jobs):
+            generation = self.run([job])[job.key]
+            scored = generation.prompt_logprobs
+            if not generation.ok or scored is None:
+                raise RuntimeError(f"scoring {job.key} ended with {generation.error or generation.refused}")
+            gaps[token] = scored.top_logprobs[-1][0].logprob - scored.logprobs[-1]
+        return gaps
 
     def run_alone(self, jobs: list[Job]) -> dict[str, Generation]:
         """Each job by itself, the next one only after the previous one finished."""
