@@ -33,6 +33,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
+from benchmarks.lib.ceilings import read_ceiling
 from benchmarks.lib.fp8_gemm_cases import BATCHES, all_gemm_rows, print_gemm_table, sweep_gemm_tiles
 from core.execution.attention.backend import AttentionMetadata, write_kv
 from core.execution.attention.reference import ReferenceAttention
@@ -42,7 +43,6 @@ from core.execution.attention.triton_extend import ExtendTiles, extend_attention
 from core.execution.attention.triton_kv_write import write_kv_paged
 from core.execution.kv_cache import FP8_KV_DTYPE, to_cache_dtype
 
-CEILING_TB_S = 4.3
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 40, 8, 128, 16
 SCALE = HEAD_DIM**-0.5
 DTYPE = torch.bfloat16
@@ -253,16 +253,18 @@ def fmt(value: float | None, spec: str) -> str:
     return "-".rjust(width) if value is None else format(value, spec)
 
 
-def print_table(rows: list[Row]) -> None:
-    header = (f"{'kernel':22s} {'case':26s} {'MB':>8s} {'do_bench us':>11s} {'TB/s':>6s} {'%4.3':>5s} "
-              f"{'graph us':>9s} {'TB/s':>6s} {'%4.3':>5s} {'TFLOP/s':>8s} {'ref us':>9s} {'err':>8s}")
+def print_table(rows: list[Row], ceiling_tb_s: float) -> None:
+    """Each row's read rate also as a percentage of the device's measured read rate (`ceiling_tb_s`)."""
+    pct = f"%{ceiling_tb_s:g}"
+    header = (f"{'kernel':22s} {'case':26s} {'MB':>8s} {'do_bench us':>11s} {'TB/s':>6s} {pct:>5s} "
+              f"{'graph us':>9s} {'TB/s':>6s} {pct:>5s} {'TFLOP/s':>8s} {'ref us':>9s} {'err':>8s}")
     print(header)
     print("-" * len(header))
     for r in rows:
         bw, graph_bw = r.tb_s(r.do_bench_us), r.tb_s(r.graph_us)
         print(f"{r.kernel:22s} {r.case:26s} {r.mbytes:8.1f} {r.do_bench_us:11.1f} {bw:6.2f} "
-              f"{100 * bw / CEILING_TB_S:5.1f} {fmt(r.graph_us, '9.1f')} {fmt(graph_bw, '6.2f')} "
-              f"{fmt(graph_bw and 100 * graph_bw / CEILING_TB_S, '5.1f')} {fmt(r.tflops, '8.1f')} "
+              f"{100 * bw / ceiling_tb_s:5.1f} {fmt(r.graph_us, '9.1f')} {fmt(graph_bw, '6.2f')} "
+              f"{fmt(graph_bw and 100 * graph_bw / ceiling_tb_s, '5.1f')} {fmt(r.tflops, '8.1f')} "
               f"{fmt(r.reference_us, '9.1f')} {fmt(r.error, '8.1e')}")
 
 
@@ -307,15 +309,16 @@ def main() -> None:
             sweep += sweep_extend(case, requests)
 
     device = torch.cuda.get_device_name()
+    ceiling_tb_s, ceiling_of = read_ceiling(device)
     print(f"\n{device}, Qwen3-14B per-layer shapes ({Q_HEADS} q heads, {KV_HEADS} KV heads, head_dim "
           f"{HEAD_DIM}, block_size {BLOCK_SIZE}, {str(DTYPE).removeprefix('torch.')}), ceiling "
-          f"{CEILING_TB_S} TB/s\n")
+          f"{ceiling_tb_s} TB/s ({ceiling_of})\n")
     if rows:
-        print_table(rows)
+        print_table(rows, ceiling_tb_s)
     if gemm_rows:
-        print(f"\nQwen3-14B linear layers, bf16 and FP8 (ceilings {CEILING_TB_S} TB/s; tensor cores "
+        print(f"\nQwen3-14B linear layers, bf16 and FP8 (ceilings {ceiling_tb_s} TB/s; tensor cores "
               "989 TFLOP/s bf16, 1,979 FP8):\n")
-        print_gemm_table(gemm_rows, CEILING_TB_S)
+        print_gemm_table(gemm_rows, ceiling_tb_s)
     for r in rows:
         if r.extra.get("splits") or r.extra.get("extend_tiles"):
             print(f"  {r.kernel} {r.case}: {r.extra}")
@@ -336,7 +339,7 @@ def main() -> None:
                                          for k, v in s.items()
                                          if k not in ("kernel", "batch", "case", "layer", "m")))
     if args.out:
-        report = {"device": device, "ceiling_tb_s": CEILING_TB_S, "dtype": str(DTYPE),
+        report = {"device": device, "ceiling_tb_s": ceiling_tb_s, "dtype": str(DTYPE),
                   "shapes": {"q_heads": Q_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
                              "block_size": BLOCK_SIZE, "context": CONTEXT},
                   "rows": [{**asdict(r), "do_bench_tb_s": r.tb_s(r.do_bench_us),

@@ -13,7 +13,8 @@ For each decode batch (every request one new token at `--context` tokens of cont
             sampler alone on the step's logits (its graph where the step can use it, CUDA-event
             median; the eager sampler beside it), its share of graph + sampler, and execute again.
 Plus one prefill of `--prefill-len` tokens (the TTFT's GPU share at concurrency 1) with the same
-breakdown. The floor is every weight byte read once at 4.3 TB/s.
+breakdown. The floor is every weight byte read once at the device's measured read rate
+(benchmarks/lib/ceilings.py: 4.3 TB/s on an H200, 3.0 on an H100).
 
 Under programmatic dependent launch (core/execution/dependent_launch.py, on from sm_90) a kernel's
 programs start while its predecessor still runs and wait for it, so the profiler's kernel times
@@ -33,6 +34,7 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.lib.ceilings import read_ceiling
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from core.execution.dependent_launch import dependent_launch
 from core.execution.runner import ModelRunner
@@ -43,7 +45,6 @@ from core.sampling_params import sampling_rows
 # Sampling modes profiled: name -> (temperature, top_p, top_k); "defaults" is Qwen3's generation_config.
 SAMPLING_MODES = {"greedy": (0.0, 1.0, 0), "defaults": (0.6, 0.95, 20)}
 
-CEILING_TB_S = 4.3
 CATEGORIES = (  # first match wins; kernel names lower-cased
     ("linear", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "splitk", "matmul")),
     ("attention", ("decode", "extend", "attention", "kv_write", "flash")),
@@ -242,12 +243,14 @@ def main() -> None:
     runner = ModelRunner(config, num_pages=num_pages)
     memory = memory_breakdown(runner)  # KV cache and graphs already allocated: count from here
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
-    floor_ms = weight_bytes / (CEILING_TB_S * 1e12) * 1e3
+    ceiling_tb_s, ceiling_of = read_ceiling(torch.cuda.get_device_name())
+    floor_ms = weight_bytes / (ceiling_tb_s * 1e12) * 1e3
     rng = np.random.default_rng(0)
     pdl = dependent_launch(torch.device("cuda"))
     report: dict = {"model": args.model, "device": torch.cuda.get_device_name(), "context": args.context,
                     "dependent_launch": pdl,
-                    "weight_gb": weight_bytes / 1e9, "weight_floor_ms": floor_ms, "memory": memory,
+                    "weight_gb": weight_bytes / 1e9, "weight_floor_ms": floor_ms, "read_tb_s": ceiling_tb_s,
+                    "memory": memory,
                     "decode": [], "prefill": {}}
 
     for batch in batches:
@@ -256,7 +259,7 @@ def main() -> None:
     report["prefill"] = profile_prefill(runner, prefill_plan(args.prefill_len, block_size, rng), weight_bytes)
 
     print(f"\n{report['device']}, {args.model}: weights {report['weight_gb']:.2f} GB, "
-          f"read-once floor {floor_ms:.2f} ms per decode step")
+          f"read-once floor {floor_ms:.2f} ms per decode step (at {ceiling_tb_s} TB/s, {ceiling_of})")
     print("programmatic dependent launch on: kernel times overlap and include waits (CADENCE_PDL=0 for "
           "each kernel's own)\n" if pdl else "")
     cats = [c for c, _ in CATEGORIES] + ["elementwise_other"]
