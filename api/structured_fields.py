@@ -3,8 +3,9 @@
 OpenAI's `response_format` (`text`; `json_object`: any JSON object; `json_schema`: a value its
 `json_schema.schema` accepts), a forced `tool_choice` ("required": one or more calls of the offered
 tools; a named function: calls of that one; with `parallel_tool_calls` false at most one call) and
-vLLM's `guided_json` / `guided_choice` / `guided_regex` (and their newer `structured_outputs.json` /
-`.choice` / `.regex` / `.json_object`; `.disable_any_whitespace`: no whitespace between JSON tokens;
+vLLM's `guided_json` / `guided_choice` / `guided_regex` / `guided_grammar` (GBNF, the EBNF form
+vLLM's grammars take: core/structured/ebnf.py) and their newer `structured_outputs.json` / `.choice` /
+`.regex` / `.grammar` / `.json_object` (`.disable_any_whitespace`: no whitespace between JSON tokens;
 `.disable_additional_properties`: an object schema without additionalProperties takes no other keys)
 all become a spec of core/structured/specs.py that SamplingParams carries to the sampler, which
 masks every token the output's grammar does not allow next (core/structured/token_masks.py). In a chat
@@ -12,8 +13,8 @@ with thinking on, the output may begin with a `<think>` block, the form applying
 whose final assistant message is continued (`continue_final_message`) has its reply begun already,
 so the form applies from that message's answer on (a 400 where the form cannot begin so).
 
-A request gives at most one of them. Schemas and patterns the grammar cannot enforce, and grammars,
-are refused with a 400 naming the field and the keyword, never served unconstrained.
+A request gives at most one of them. Schemas, patterns and grammars that cannot be enforced are
+refused with a 400 naming the field and what in it, never served unconstrained.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from core.structured.specs import (
     closed_objects_spec,
     compact_spec,
     continued_spec,
+    grammar_spec,
     json_object_spec,
     json_schema_spec,
     regex_spec,
@@ -40,7 +42,6 @@ from core.structured.specs import (
 MAX_SCHEMA_DEPTH = 64  # nesting of objects and arrays in a schema's JSON
 STRUCTURED_FIELDS = frozenset({"response_format", "guided_json", "guided_choice", "guided_regex",
                                "guided_grammar", "structured_outputs"})
-_UNSUPPORTED = {"guided_grammar": "grammars"}
 
 
 def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSettings | None = None,
@@ -54,12 +55,8 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
         spec = _response_format(response_format, reasoning)
         if spec:
             specs.append(("response_format", spec))
-    for name, why in _UNSUPPORTED.items():
-        if fields.get(name) is not None:
-            raise invalid(name, f"'{name}' is not supported: this server constrains outputs to JSON schemas, "
-                          "choices and regular expressions, not to " + why)
     guided = {"json": fields.get("guided_json"), "choice": fields.get("guided_choice"),
-              "regex": fields.get("guided_regex")}
+              "regex": fields.get("guided_regex"), "grammar": fields.get("guided_grammar")}
     outputs = fields.get("structured_outputs")
     compact = closed = False
     if outputs is not None:
@@ -71,7 +68,8 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
         if unknown:
             raise invalid("structured_outputs", f"structured_outputs.{unknown[0]} is not supported: this "
                           "server constrains outputs to JSON schemas ('json', 'json_object'), choices "
-                          "('choice') and regular expressions ('regex'), with or without whitespace "
+                          "('choice'), regular expressions ('regex') and GBNF grammars ('grammar'), with "
+                          "or without whitespace "
                           "between JSON tokens ('disable_any_whitespace') and additional properties "
                           "('disable_additional_properties')")
         for flag in ("json_object", "disable_any_whitespace", "disable_additional_properties"):
@@ -99,6 +97,11 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
             raise invalid(names["regex"], f"'{names['regex']}' must be a non-empty string (a regular "
                           f"expression), got {describe(guided['regex'])}")
         specs.append((names["regex"], regex_spec(guided["regex"], reasoning)))
+    if guided["grammar"] is not None:
+        if not isinstance(guided["grammar"], str) or not guided["grammar"].strip():
+            raise invalid(names["grammar"], f"'{names['grammar']}' must be a non-empty string (a GBNF "
+                          f"grammar with a root rule), got {describe(guided['grammar'])}")
+        specs.append((names["grammar"], grammar_spec(guided["grammar"], reasoning)))
     if tools is not None and tools.forced is not None:
         specs.append(("tool_choice", _tool_spec(tools, reasoning)))
     if len(specs) > 1:

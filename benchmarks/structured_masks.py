@@ -21,7 +21,13 @@ import numpy as np
 
 from core.execution.structured_rows import StructuredRows
 from core.plan import StepPlan
-from core.structured.specs import choice_spec, json_object_spec, json_schema_spec, tool_calls_spec
+from core.structured.specs import (
+    choice_spec,
+    grammar_spec,
+    json_object_spec,
+    json_schema_spec,
+    tool_calls_spec,
+)
 from core.structured.token_masks import TokenMasks, Vocabulary, unpack
 from core.tokenizer.qwen_vocab import QwenVocabTokenizer
 
@@ -42,7 +48,15 @@ SPECS = {"json_schema": json_schema_spec(PERSON), "json_object": json_object_spe
          # the vocabulary the first time
          "pattern": json_schema_spec({"type": "object", "properties": {
              "summary": {"type": "string", "pattern": "^[a-z ]{1,64}$"},
-             "code": {"type": "string", "pattern": r"^[A-Z]{3}-\d{4}$"}}, "required": ["summary", "code"]})}
+             "code": {"type": "string", "pattern": r"^[A-Z]{3}-\d{4}$"}}, "required": ["summary", "code"]}),
+         # GBNF grammars (guided_grammar): vLLM's structured-output benchmark's SQL grammar, and a
+         # recursive one (nested arrays of numbers and words: rule calls on the automaton's stacks)
+         "sql": grammar_spec('root ::= "SELECT " column " from " table " where " column "= " number\n'
+                             'column ::= "col_1 " | "col_2 "\ntable ::= "table_1 " | "table_2 "\n'
+                             'number ::= "1 " | "2 "'),
+         "grammar": grammar_spec('root ::= "[" ws (item ("," ws item)*)? "]"\n'
+                                 'item ::= "0" | [1-9] [0-9]{0,5} | "\\"" [a-z ]* "\\"" | root\n'
+                                 'ws ::= " "?')}
 
 
 def step_plan(spec: bytes, outputs: list[list[int]], prompt_len: int = 32) -> StepPlan:

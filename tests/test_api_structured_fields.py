@@ -68,6 +68,9 @@ def test_vllm_guided_fields_and_structured_outputs():
     assert completion_spec(guided_regex="[0-9]+") == {"type": "regex", "pattern": "[0-9]+"}
     assert completion_spec(structured_outputs={"regex": "a|b"}) == {"type": "regex", "pattern": "a|b"}
     assert completion_spec(structured_outputs={"json_object": True}) == {"type": "json_object"}
+    sql = 'root ::= "SELECT " column\ncolumn ::= "col_1" | "col_2"'
+    assert completion_spec(guided_grammar=sql) == {"type": "grammar", "grammar": sql}
+    assert completion_spec(structured_outputs={"grammar": sql}) == {"type": "grammar", "grammar": sql}
     assert completion_spec(structured_outputs={"json_object": False}) is None
     assert completion_spec(structured_outputs={"json": SCHEMA, "disable_any_whitespace": True}) == {
         "type": "json_schema", "schema": SCHEMA, "compact": True}
@@ -130,8 +133,13 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
     ({"guided_choice": []}, "guided_choice", "non-empty array"),
     ({"guided_regex": "a(b"}, "guided_regex", "without its ')'"),
     ({"guided_regex": ""}, "guided_regex", "non-empty string"),
-    ({"guided_grammar": "root ::= x"}, "guided_grammar", "grammars"),
-    ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs", "structured_outputs.grammar"),
+    ({"guided_grammar": "root ::= x"}, "guided_grammar", "rule 'root' uses rule 'x', which is never defined"),
+    ({"guided_grammar": ""}, "guided_grammar", "non-empty string (a GBNF grammar"),
+    ({"structured_outputs": {"grammar": 'expr ::= expr "+" "1" | "1"\nroot ::= expr'}},
+     "structured_outputs.grammar", "rule 'expr' is left-recursive"),
+    ({"structured_outputs": {"grammar": 'root ::= "a" ('}}, "structured_outputs.grammar",
+     "a group '(' without its ')' (grammar line 1, column 15)"),
+    ({"structured_outputs": {"lark": "start: x"}}, "structured_outputs", "structured_outputs.lark"),
     ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs", "must be a boolean"),
     ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": 1}}, "structured_outputs",
      "disable_any_whitespace must be a boolean"),

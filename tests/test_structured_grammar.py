@@ -187,7 +187,8 @@ def test_annotations_and_format_are_accepted():
 
 
 def test_bad_specs_are_refused():
-    for spec, word in (("not json", "not JSON"), ('{"type": "grammar"}', "'grammar'"),
+    for spec, word in (("not json", "not JSON"), ('{"type": "lark"}', "unknown structured-output type"),
+                       ('{"type": "grammar"}', "grammar needs the grammar's text"),
                        ('{"type": "regex"}', "non-empty string"),
                        (json.dumps({"type": "tool_calls", "tools": []}), "non-empty"),
                        (json.dumps({"type": "choice", "choices": [""]}), "non-empty")):

@@ -20,6 +20,7 @@ from core.structured.grammar import compile_spec
 from core.structured.specs import (
     choice_spec,
     compact_spec,
+    grammar_spec,
     json_object_spec,
     json_schema_spec,
     regex_spec,
@@ -43,10 +44,21 @@ WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties":
                                                  "required": ["city"]}}
 PATTERNED = {"type": "object", "properties": {"code": {"type": "string", "pattern": r"^[A-Z]{2}\d{2,4}$"},
                                              "word": {"pattern": "^[a-zé ]{1,8}$"}}, "required": ["code"]}
+# A recursive GBNF grammar (nested arrays of numbers and strings, JSON's syntax) and vLLM's
+# structured-output benchmark's SQL grammar (benchmarks/benchmark_serving_structured_output.py).
+NESTED = '''root ::= "[" ws (item ("," ws item)*)? "]"
+item ::= "0" | [1-9] [0-9]{0,5} | "\\"" [a-zé ]* "\\"" | root
+ws ::= " "?'''
+SQL = '''root ::= select_statement
+select_statement ::= "SELECT " column " from " table " where " condition
+column ::= "col_1 " | "col_2 "
+table ::= "table_1 " | "table_2 "
+condition ::= column "= " number
+number ::= "1 " | "2 "'''
 SPECS = [json_schema_spec(SCHEMA), json_object_spec(), json_object_spec(reasoning=True),
          choice_spec(["positive", "negative", "neutral"]), tool_calls_spec([WEATHER], max_calls=2),
          json_schema_spec(PATTERNED), regex_spec(r"(yes|no|maybe)(, [a-z]{1,6}){0,3}\."),
-         compact_spec(json_schema_spec(SCHEMA))]
+         compact_spec(json_schema_spec(SCHEMA)), grammar_spec(NESTED), grammar_spec(SQL)]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +105,7 @@ def draw(masks: TokenMasks, spec: str, rng: np.random.Generator, max_steps: int 
 
 @pytest.mark.parametrize("spec", SPECS,
                          ids=["schema", "json_object", "reasoning", "choice", "tools", "pattern", "regex",
-                              "compact"])
+                              "compact", "grammar", "sql"])
 def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
     rng = np.random.default_rng(0)
     vocabulary = masks.vocabulary
@@ -125,6 +137,24 @@ def test_guided_regex_outputs_match_whole(masks, qwen):
     for _ in range(12):
         text = qwen.decode(draw(masks, SPECS[6], rng, closing=0.0)[0])
         assert re.fullmatch(r"(yes|no|maybe)(, [a-z]{1,6}){0,3}\.", text), text
+
+
+def test_guided_grammar_outputs_are_what_the_grammar_derives(masks, qwen):
+    rng = np.random.default_rng(6)
+    for _ in range(12):
+        text = qwen.decode(draw(masks, SPECS[8], rng)[0])
+        assert _nested_numbers_and_words(json.loads(text)), text  # JSON's syntax: an independent parse
+    for _ in range(6):
+        text = qwen.decode(draw(masks, SPECS[9], rng, closing=0.0)[0])
+        assert re.fullmatch(r"SELECT col_[12]  from table_[12]  where col_[12] = [12] ", text), text
+
+
+def _nested_numbers_and_words(value) -> bool:
+    if isinstance(value, list):
+        return all(_nested_numbers_and_words(item) for item in value)
+    if isinstance(value, str):
+        return re.fullmatch("[a-zé ]*", value) is not None
+    return isinstance(value, int) and 0 <= value < 10**6
 
 
 def test_json_mode_outputs_parse_as_objects_and_reasoning_comes_first(masks, qwen):

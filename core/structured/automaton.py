@@ -24,6 +24,10 @@ What a frame accepts:
   PATTERN text a regular expression matches (core/structured/regex.py), a character at a time:
          a JSON string's content (no escapes; its closing quote where the pattern may end) or, for
          vLLM's guided_regex, the whole output
+  RULE   one rule of a GBNF grammar (core/structured/ebnf.py, vLLM's guided_grammar), a character
+         at a time; a call of another rule pushes a RULE frame for it above the caller's (none
+         where nothing follows the call in the caller: a tail call), which returns to the caller
+         once it has read a byte and may end
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from core.structured.ebnf import Rules
 from core.structured.regex import Regex, code_point, utf8_span
+from core.structured.rule_frames import RULE, rule_may_end, step_rule
 
 # Frame kinds (a frame's first entry).
-VALUE, OBJECT, KEY, ARRAY, STRING, NUMBER, LITERAL, TEXT, CALLS, PATTERN = range(10)
+VALUE, OBJECT, KEY, ARRAY, STRING, NUMBER, LITERAL, TEXT, CALLS, PATTERN = range(10)  # RULE: rule_frames
 # Node kinds (a node's first entry; see Node).
 N_OBJECT, N_ARRAY, N_STRING, N_NUMBER, N_LITERAL, N_ANY_OF = range(6)
 # OBJECT phases: after `{`, after a key (before `:`), after a value, after `,`.
@@ -94,9 +100,11 @@ State = frozenset  # of stacks
 class Automaton:
     """Steps stacks of frames over one grammar's nodes, a byte at a time."""
 
-    def __init__(self, nodes: list[Node], regexes: Sequence[Regex] = (), compact: bool = False) -> None:
+    def __init__(self, nodes: list[Node], regexes: Sequence[Regex] = (), compact: bool = False,
+                 rules: Rules | None = None) -> None:
         self.nodes = nodes
         self.regexes = regexes
+        self.rules = rules
         self.compact = compact  # no whitespace between JSON tokens (vLLM's disable_any_whitespace)
 
     def advance(self, state: State, byte: int) -> State:
@@ -149,6 +157,8 @@ class Automaton:
             return _text(rest, top, c)
         if kind == PATTERN:
             return self._pattern(rest, top, c)
+        if kind == RULE:
+            return step_rule(self.rules, rest, top, c, self.step)
         return self._calls(rest, top, c)
 
     def start_value(self, rest: Stack, index: int, c: int) -> list[Stack]:
@@ -336,8 +346,13 @@ class Automaton:
         """Whether the stack is complete once the frames that may end without another byte end."""
         while stack:
             top = stack[-1]
-            if (top[0] == NUMBER and top[2] in _NUMBER_ENDS) or (top[0] == CALLS and top[2] >= 1) or (
-                    top[0] == PATTERN and not top[4] and not top[3] and self.regexes[top[1]].accepts(top[2])):
+            kind = top[0]
+            if kind == PATTERN:
+                ends = not top[4] and not top[3] and self.regexes[top[1]].accepts(top[2])
+            else:
+                ends = (kind == NUMBER and top[2] in _NUMBER_ENDS) or (kind == CALLS and top[2] >= 1) or (
+                    kind == RULE and rule_may_end(self.rules, top))
+            if ends:
                 stack = stack[:-1]
             else:
                 return False

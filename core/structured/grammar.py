@@ -7,6 +7,8 @@ from the API to the executor, which compiles it again (cached by the string):
   {"type": "json_schema", "schema": {...}}         a value that the JSON schema accepts
   {"type": "choice", "choices": ["yes", "no"]}      exactly one of the strings, as plain text
   {"type": "regex", "pattern": "[0-9]{3}-..."}      plain text the pattern matches whole
+  {"type": "grammar", "grammar": "root ::= ..."}    plain text a GBNF grammar derives from `root`
+                                                    (core/structured/ebnf.py)
   {"type": "tool_calls", "tools": [{"name": ..., "parameters": {...}}], "max_calls": N}
         1..N Qwen3 tool-call blocks, `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
         each naming one of the tools and giving arguments its parameters accept
@@ -47,7 +49,10 @@ from core.structured.automaton import (
     Node,
     State,
 )
+from core.structured.ebnf import Rules
+from core.structured.ebnf_parser import EbnfError
 from core.structured.regex import Regex, RegexError
+from core.structured.rule_frames import RULE
 
 # Keywords that say nothing about which values are valid, or that are not enforced (`format`).
 _IGNORED = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
@@ -76,10 +81,10 @@ class Grammar:
     """A compiled spec: the nodes, the automaton over them and the state an output starts in."""
 
     def __init__(self, key: str, nodes: list[Node], initial: State, regexes: list[Regex],
-                 compact: bool = False) -> None:
+                 compact: bool = False, rules: Rules | None = None) -> None:
         self.key = key  # the spec string it was compiled from: what caches of its masks are keyed by
         self.nodes = nodes
-        self.automaton = Automaton(nodes, regexes, compact)
+        self.automaton = Automaton(nodes, regexes, compact, rules)
         self.initial = initial
 
 
@@ -106,6 +111,7 @@ def _compile(spec: str) -> Grammar:
         raise GrammarError("closed_objects must be a boolean")
     builder = _Builder(parsed.get("schema") if isinstance(parsed.get("schema"), dict) else {}, closed)
     kind = parsed.get("type")
+    rules = None
     if kind == "json_object":
         stack = ((VALUE, builder.object_of_any(), 0),)
     elif kind == "json_schema":
@@ -124,6 +130,9 @@ def _compile(spec: str) -> Grammar:
     elif kind == "regex":
         regex = builder.regex(parsed.get("pattern"), "pattern", json=False)
         stack = ((PATTERN, regex, builder.regexes[regex].initial, b"", False),)
+    elif kind == "grammar":
+        rules = _rules(parsed.get("grammar"))
+        stack = ((RULE, rules.start, b""),)
     elif kind == "tool_calls":
         stack = ((CALLS, builder.tool_calls(parsed.get("tools")), 0, _max_calls(parsed)),)
     else:
@@ -134,7 +143,7 @@ def _compile(spec: str) -> Grammar:
     compact = parsed.get("compact", False)
     if not isinstance(compact, bool):
         raise GrammarError("compact must be a boolean")
-    grammar = Grammar(spec, builder.nodes, frozenset(starts), builder.regexes, compact)
+    grammar = Grammar(spec, builder.nodes, frozenset(starts), builder.regexes, compact, rules)
     written = parsed.get("written", "")
     if not isinstance(written, str):
         raise GrammarError("written must be a string (the reply's text so far)")
@@ -148,6 +157,15 @@ def _compile(spec: str) -> Grammar:
 
 def _excerpt(text: str, most: int = 40) -> str:
     return repr(text if len(text) <= most else text[: most // 2] + "..." + text[-most // 2:])
+
+
+def _rules(text: object) -> Rules:
+    if not isinstance(text, str) or not text.strip():
+        raise GrammarError("grammar needs the grammar's text (GBNF: `root ::= ...`)")
+    try:
+        return Rules(text)
+    except EbnfError as e:
+        raise GrammarError(f"grammar: {e}") from None
 
 
 def _max_calls(parsed: dict) -> int:

@@ -1,7 +1,7 @@
 """The structured-output specs that SamplingParams.structured_output carries, built from their parts.
 
 The API builds them from `response_format`, `tool_choice` and vLLM's guided fields (json, choice,
-regex); a native client
+regex, grammar); a native client
 (api.client) passes one of these to SamplingParams itself. core/structured/grammar.py says what each
 means. A spec keeps its schema's key order: properties are generated in that order.
 """
@@ -36,6 +36,12 @@ def choice_spec(choices: Sequence[str], reasoning: bool = False) -> str:
 def regex_spec(pattern: str, reasoning: bool = False) -> str:
     """Plain text that `pattern` matches whole (vLLM's guided_regex; core/structured/regex.py)."""
     return _spec(type="regex", pattern=pattern, reasoning=reasoning or None)
+
+
+def grammar_spec(grammar: str, reasoning: bool = False) -> str:
+    """Plain text a GBNF grammar derives from its `root` rule (vLLM's guided_grammar;
+    core/structured/ebnf.py)."""
+    return _spec(type="grammar", grammar=grammar, reasoning=reasoning or None)
 
 
 def tool_calls_spec(tools: Sequence[dict[str, Any]], max_calls: int = 1, reasoning: bool = False) -> str:

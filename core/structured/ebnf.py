@@ -1,0 +1,277 @@
+"""Rules: a context-free grammar in GBNF (llama.cpp's EBNF, the form vLLM's `guided_grammar` takes),
+compiled to one NFA a rule over Unicode code points and calls of other rules, which the automaton
+(core/structured/automaton.py, its RULE frames) walks one byte at a time with a stack of calls.
+
+The syntax (anything else is an EbnfError that names the line and column):
+
+    root ::= greeting " " name ("!" | ".")?     # `root` is where the output starts
+    greeting ::= "hello" | "hi"
+    name ::= [A-Z] [a-z]* | "world"
+
+rules `name ::= body` (a name of letters, digits, `_` and `-`; a rule runs until the next
+`name ::=`, so its alternatives may span lines); double-quoted strings with the escapes `\\n \\t \\r
+\\\\ \\" \\xHH \\uHHHH \\UHHHHHHHH`; classes `[...]` and `[^...]` with ranges and those escapes; `.`
+for any character; groups `( )`; alternatives `|`; the repetitions `* + ? {n} {n,} {n,m}`; comments
+from `#` to the end of a line.
+
+Refused at compile time, each with the rule named: a rule that is used and never defined, no `root`,
+a rule reachable from `root` that can derive no finite text (`a ::= "x" a`), and left recursion
+(`expr ::= expr "+" term`, or through rules that may match nothing first): stepping it would call
+the same rule again before reading a byte. Write such rules with repetition
+(`expr ::= term ("+" term)*`).
+
+States are frozensets of NFA states, epsilon-closed; a call of a rule that may match nothing also
+closes over the state after the call, so a freshly called rule never returns without reading a
+byte. Only states from which their rule's end can be reached are kept, so no state is a dead end.
+"""
+
+from __future__ import annotations
+
+from core.structured.ebnf_parser import EbnfError, called_rules, parse_rules
+from core.structured.regex import CharSet
+
+MAX_STATES = 20_000  # NFA states all rules may expand to ({n,m} copies its operand)
+MAX_GRAMMAR_BYTES = 64 * 1024
+ROOT = "root"
+
+
+class Rules:
+    """Compiled rules: `start` (the root's initial states), `step(states, code_point)`,
+    `can_take(states, lo, hi)`, `calls(states)`, `accepts(states)` and `is_end(states)`."""
+
+    def __init__(self, text: str) -> None:
+        if len(text.encode()) > MAX_GRAMMAR_BYTES:
+            raise EbnfError(f"the grammar is {len(text.encode())} bytes; at most {MAX_GRAMMAR_BYTES} "
+                            "are served")
+        bodies = parse_rules(text)
+        if ROOT not in bodies:
+            raise EbnfError(f"the grammar has no '{ROOT}' rule (where the output starts)")
+        for name, body in bodies.items():
+            for called in called_rules(body):
+                if called not in bodies:
+                    raise EbnfError(f"rule '{name}' uses rule '{called}', which is never defined")
+        self.names = list(bodies)
+        index = {name: i for i, name in enumerate(self.names)}
+        self._edges: list[list[tuple[CharSet, int]]] = []
+        self._calls: list[list[tuple[int, int]]] = []  # (rule, state after the call)
+        self._eps: list[list[int]] = []
+        self._first: list[int] = []
+        self._final: list[int] = []
+        for name in self.names:
+            first, final = self._build(bodies[name], index)
+            self._first.append(first)
+            self._final.append(final)
+        self._finals = frozenset(self._final)
+        self._owner = self._rule_of_states()
+        reachable = self._reachable(index[ROOT])
+        self.nullable = self._nullable()
+        productive = self._productive()
+        for rule in sorted(reachable):
+            if not productive[rule]:
+                raise EbnfError(f"rule '{self.names[rule]}' can derive no finite text (every way through it "
+                                "calls a rule that never ends)")
+        self._live = frozenset(self._reaching(productive))
+        self._check_left_recursion(reachable)
+        self._memo: dict[tuple[frozenset, int], frozenset] = {}
+        self._calls_memo: dict[frozenset, tuple[tuple[frozenset, frozenset], ...]] = {}
+        self.start = self.closure({self._first[index[ROOT]]})
+        if not self.start:
+            raise EbnfError(f"rule '{ROOT}' matches no text")
+
+    # --- stepping ---------------------------------------------------------------------------------
+    def step(self, states: frozenset, cp: int) -> frozenset:
+        """The states after the character `cp` (empty: it cannot come next in this rule)."""
+        key = (states, cp)
+        after = self._memo.get(key)
+        if after is None:
+            targets = {to for s in states for charset, to in self._edges[s] if cp in charset}
+            after = self.closure(targets) if targets else frozenset()
+            if len(self._memo) > 1 << 16:
+                self._memo.clear()
+            self._memo[key] = after
+        return after
+
+    def can_take(self, states: frozenset, lo: int, hi: int) -> bool:
+        """Whether some code point in lo..hi (a UTF-8 character begun, not finished) goes on."""
+        return any(to in self._live and charset.meets(lo, hi, False)
+                   for s in states for charset, to in self._edges[s])
+
+    def calls(self, states: frozenset) -> tuple[tuple[frozenset, frozenset], ...]:
+        """Per rule these states may call: (its initial states, the caller's states after it)."""
+        found = self._calls_memo.get(states)
+        if found is None:
+            found = tuple(dict.fromkeys(
+                (self.closure({self._first[rule]}), self.closure({after}))
+                for s in sorted(states) for rule, after in self._calls[s]))
+            if len(self._calls_memo) > 1 << 14:
+                self._calls_memo.clear()
+            self._calls_memo[states] = found
+        return found
+
+    def accepts(self, states: frozenset) -> bool:
+        """Whether the rule these states are in may end here."""
+        return not self._finals.isdisjoint(states)
+
+    def is_end(self, states: frozenset) -> bool:
+        """Whether nothing can follow in the rule: its end and no way on (a call there needs no frame
+        to return to: a tail call)."""
+        return self.accepts(states) and all(not self._edges[s] and not self._calls[s] for s in states)
+
+    def closure(self, states: set[int]) -> frozenset:
+        """Epsilon-closed and live; a call of a rule that may match nothing also leads past it."""
+        seen, todo = set(states), list(states)
+        while todo:
+            s = todo.pop()
+            nexts = list(self._eps[s])
+            nexts += [after for rule, after in self._calls[s] if self.nullable[rule]]
+            for nxt in nexts:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return frozenset(seen) & self._live
+
+    # --- analysis -----------------------------------------------------------------------------------
+    # A state's edges, epsilons and calls lead only to states of its own rule (a call's target is the
+    # state after it), so what is reachable from a rule's first state is that rule's.
+    def _rule_of_states(self) -> list[int]:
+        owner = [-1] * len(self._edges)
+        for rule, first in enumerate(self._first):
+            owner[first] = rule
+            todo = [first]
+            while todo:
+                s = todo.pop()
+                edges = (to for _, to in self._edges[s])
+                for nxt in [*self._eps[s], *edges, *(to for _, to in self._calls[s])]:
+                    if owner[nxt] < 0:
+                        owner[nxt] = rule
+                        todo.append(nxt)
+        return owner
+
+    def _reachable(self, root: int) -> set[int]:
+        """The rules `root` may come to call."""
+        called_by: dict[int, set[int]] = {}
+        for s, calls in enumerate(self._calls):
+            called_by.setdefault(self._owner[s], set()).update(rule for rule, _ in calls)
+        seen, todo = {root}, [root]
+        while todo:
+            for called in called_by.get(todo.pop(), ()):
+                if called not in seen:
+                    seen.add(called)
+                    todo.append(called)
+        return seen
+
+    def _nullable(self) -> list[bool]:
+        """Per rule: whether it may match the empty text (a fixed point over the calls)."""
+        nullable = [False] * len(self._first)
+        changed = True
+        while changed:
+            changed = False
+            for rule, first in enumerate(self._first):
+                if nullable[rule]:
+                    continue
+                seen, todo = {first}, [first]
+                while todo:
+                    s = todo.pop()
+                    for nxt in [*self._eps[s], *(to for r, to in self._calls[s] if nullable[r])]:
+                        if nxt not in seen:
+                            seen.add(nxt)
+                            todo.append(nxt)
+                if self._final[rule] in seen:
+                    nullable[rule] = changed = True
+        return nullable
+
+    def _productive(self) -> list[bool]:
+        """Per rule: whether it derives some finite text: its end reachable from its first state over
+        characters and calls of productive rules (a fixed point)."""
+        productive = [False] * len(self._first)
+        while True:
+            reach = self._reaching(productive)
+            now = [first in reach for first in self._first]
+            if now == productive:
+                return productive
+            productive = now
+
+    def _reaching(self, productive: list[bool]) -> set[int]:
+        """The states from which their rule's end is reachable over epsilons, characters and calls of
+        productive rules."""
+        back: list[list[tuple[int, int]]] = [[] for _ in self._edges]  # (from, the rule it calls or -1)
+        for s in range(len(self._edges)):
+            for t in self._eps[s]:
+                back[t].append((s, -1))
+            for _, t in self._edges[s]:
+                back[t].append((s, -1))
+            for rule, t in self._calls[s]:
+                back[t].append((s, rule))
+        reach, todo = set(self._final), list(self._final)
+        while todo:
+            for s, rule in back[todo.pop()]:
+                if s not in reach and (rule < 0 or productive[rule]):
+                    reach.add(s)
+                    todo.append(s)
+        return reach
+
+    def _check_left_recursion(self, reachable: set[int]) -> None:
+        """A rule that can call itself again before reading a byte would make stepping loop forever."""
+        first_calls = {rule: {r for s in self.closure({self._first[rule]}) for r, _ in self._calls[s]}
+                       for rule in reachable}
+        for rule in sorted(reachable):
+            path, seen, todo = {rule: [rule]}, set(), [rule]
+            while todo:
+                at = todo.pop()
+                for called in first_calls.get(at, ()):
+                    if called == rule:
+                        chain = " -> ".join(self.names[r] for r in [*path[at], rule])
+                        raise EbnfError(f"rule '{self.names[rule]}' is left-recursive ({chain} before a "
+                                        "character is read); write it with repetition, e.g. "
+                                        "`list ::= item (\",\" item)*`")
+                    if called not in seen:
+                        seen.add(called)
+                        path[called] = [*path[at], called]
+                        todo.append(called)
+
+    # --- Thompson construction ----------------------------------------------------------------------
+    def _state(self) -> int:
+        if len(self._edges) >= MAX_STATES:
+            raise EbnfError(f"the grammar expands to more than {MAX_STATES} states")
+        self._edges.append([])
+        self._calls.append([])
+        self._eps.append([])
+        return len(self._edges) - 1
+
+    def _build(self, node: tuple, index: dict[str, int]) -> tuple[int, int]:
+        kind = node[0]
+        start, end = self._state(), self._state()
+        if kind == "set":
+            self._edges[start].append((node[1], end))
+        elif kind == "call":
+            self._calls[start].append((index[node[1]], end))
+        elif kind == "seq":
+            at = start
+            for item in node[1]:
+                first, last = self._build(item, index)
+                self._eps[at].append(first)
+                at = last
+            self._eps[at].append(end)
+        elif kind == "alt":
+            for option in node[1]:
+                first, last = self._build(option, index)
+                self._eps[start].append(first)
+                self._eps[last].append(end)
+        else:  # ("repeat", item, low, high); high -1: unbounded
+            _, item, low, high = node
+            at = start
+            for _ in range(low):
+                first, last = self._build(item, index)
+                self._eps[at].append(first)
+                at = last
+            if high < 0:
+                first, last = self._build(item, index)
+                self._eps[at] += [first, end]
+                self._eps[last] += [first, end]
+            else:
+                for _ in range(high - low):
+                    first, last = self._build(item, index)
+                    self._eps[at] += [first, end]
+                    at = last
+            self._eps[at].append(end)
+        return start, end
