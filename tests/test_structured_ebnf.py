@@ -4,6 +4,8 @@ real vocabulary are tests/test_structured_masks.py's (its grammar and sql cases)
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,18 @@ LISTS = '''root ::= "[" (item ("," item)*)? "]"   # a list of numbers, strings a
 item ::= [0-9]+
        | "\\"" [^"\\\\]* "\\""
        | root'''
+# JSON written as a GBNF grammar: what it derives is what json.loads parses (an independent check).
+JSON_GRAMMAR = r'''# JSON, written as a grammar
+root ::= value
+value ::= obj | arr | str | num | "true" | "false" | "null"
+obj ::= "{" sp (member ("," sp member)*)? sp "}"
+member ::= str sp ":" sp value
+arr ::= "[" sp (value sp ("," sp value sp)*)? "]"
+str ::= "\"" (plain | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\""
+plain ::= [^"\\\x00-\x1F]
+num ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
+sp ::= | " " | "\n" [ \t]{0,8}
+'''
 
 
 def matches(grammar: str, text: str | bytes) -> bool:
@@ -107,6 +121,19 @@ b ::= ("q")*'''
     assert not matches(grammar, "ppx!") and not matches(grammar, "x")
 
 
+@pytest.mark.parametrize("text", [
+    '{"a": [1, 2.5e3, "x\\u00e9y", {"b": null}], "c": true}', "[]", '"h\u00e9llo \\n"', "-0.5", "0",
+    '{"a" 1}', "[1,]", "01", '"\x01"', '{"a":1,}', "[1 2]", "tru", '"\\q"', "1.", ".5", "--1",
+])
+def test_a_json_grammar_derives_what_json_parses(text):
+    try:
+        json.loads(text)
+        valid = True
+    except ValueError:
+        valid = False
+    assert matches(JSON_GRAMMAR, text) is valid, text
+
+
 def test_repetition_counts_and_escapes():
     grammar = r'root ::= [0-9]{2,3} "\x41\u00e9\n\t" "-"{2} [\]\-]?'
     assert matches(grammar, "12Aé\n\t--") and matches(grammar, "123Aé\n\t--]")
@@ -159,3 +186,15 @@ def test_a_grammar_may_follow_a_reasoning_block():
     text = b"<think>\nwhich column?\n</think>\n\nSELECT col_1  from table_1  where col_1 = 1 "
     state = compiled.automaton.advance_bytes(compiled.initial, text)
     assert state and compiled.automaton.can_end(state)
+
+
+def test_a_rule_that_never_ends_is_refused_even_behind_an_alternative_and_calls_return_in_place():
+    grammar = '''root ::= "a" | dead never
+dead ::= "d"
+never ::= "n" never'''
+    with pytest.raises(GrammarError, match="rule 'never' can derive no finite text"):
+        compile_spec(grammar_spec(grammar))
+    grammar = '''root ::= "a" | ("x" | dead "!") "z"
+dead ::= "d"'''
+    assert matches(grammar, "d!z") and matches(grammar, "xz")
+    assert not begins(grammar, "dz") and not begins(grammar, "d!!")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from test_sampler import make_plan
+from test_structured_ebnf import JSON_GRAMMAR
 
 from benchmarks.lib.schema_check import conforms
 from core.execution.sampler import Sampler, SamplingTensors
@@ -147,6 +148,8 @@ def test_guided_grammar_outputs_are_what_the_grammar_derives(masks, qwen):
     for _ in range(6):
         text = qwen.decode(draw(masks, SPECS[9], rng, closing=0.0)[0])
         assert re.fullmatch(r"SELECT col_[12]  from table_[12]  where col_[12] = [12] ", text), text
+    for _ in range(8):  # JSON written as a grammar: json.loads must take every output
+        json.loads(qwen.decode(draw(masks, grammar_spec(JSON_GRAMMAR), rng)[0]))
 
 
 def _nested_numbers_and_words(value) -> bool:

@@ -100,9 +100,10 @@ class Rules:
         """Per rule these states may call: (its initial states, the caller's states after it)."""
         found = self._calls_memo.get(states)
         if found is None:
-            found = tuple(dict.fromkeys(
-                (self.closure({self._first[rule]}), self.closure({after}))
-                for s in sorted(states) for rule, after in self._calls[s]))
+            pairs = ((self.closure({self._first[rule]}), self.closure({after}))
+                     for s in sorted(states) for rule, after in self._calls[s])
+            # a call with no way on after it (or into a rule that never ends) is no way on
+            found = tuple(dict.fromkeys((first, back) for first, back in pairs if first and back))
             if len(self._calls_memo) > 1 << 14:
                 self._calls_memo.clear()
             self._calls_memo[states] = found
