@@ -4,7 +4,8 @@ OpenAI's `response_format` (`text`; `json_object`: any JSON object; `json_schema
 `json_schema.schema` accepts), a forced `tool_choice` ("required": one or more calls of the offered
 tools; a named function: calls of that one; with `parallel_tool_calls` false at most one call) and
 vLLM's `guided_json` / `guided_choice` / `guided_regex` / `guided_grammar` (GBNF, the EBNF form
-vLLM's grammars take: core/structured/ebnf.py) and their newer `structured_outputs.json` / `.choice` /
+vLLM's grammars take: core/structured/ebnf.py; SGLang's `json_schema` / `regex` / `ebnf` name the
+same) and vLLM's newer `structured_outputs.json` / `.choice` /
 `.regex` / `.grammar` / `.json_object` (`.disable_any_whitespace`: no whitespace between JSON tokens;
 `.disable_additional_properties`: an object schema without additionalProperties takes no other keys)
 all become a spec of core/structured/specs.py that SamplingParams carries to the sampler, which
@@ -40,8 +41,11 @@ from core.structured.specs import (
 )
 
 MAX_SCHEMA_DEPTH = 64  # nesting of objects and arrays in a schema's JSON
+# SGLang's names for the same constraints (its OpenAI-compatible requests' `json_schema`, `regex`
+# and `ebnf`), by the guided kind they are.
+SGLANG_FIELDS = {"json": "json_schema", "regex": "regex", "grammar": "ebnf"}
 STRUCTURED_FIELDS = frozenset({"response_format", "guided_json", "guided_choice", "guided_regex",
-                               "guided_grammar", "structured_outputs"})
+                               "guided_grammar", "structured_outputs", *SGLANG_FIELDS.values()})
 
 
 def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSettings | None = None,
@@ -84,6 +88,12 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
         names = {k: f"structured_outputs.{k}" for k in guided}
     else:
         names = {k: f"guided_{k}" for k in guided}
+    for kind, name in SGLANG_FIELDS.items():
+        if fields.get(name) is None:
+            continue
+        if guided[kind] is not None:
+            raise invalid(name, f"'{names[kind]}' and '{name}' both constrain the output; give one")
+        guided[kind], names[kind] = fields.get(name), name
     if guided["json"] is not None:
         specs.append((names["json"], json_schema_spec(_schema(guided["json"], names["json"]), reasoning)))
     if guided["choice"] is not None:

@@ -71,6 +71,10 @@ def test_vllm_guided_fields_and_structured_outputs():
     sql = 'root ::= "SELECT " column\ncolumn ::= "col_1" | "col_2"'
     assert completion_spec(guided_grammar=sql) == {"type": "grammar", "grammar": sql}
     assert completion_spec(structured_outputs={"grammar": sql}) == {"type": "grammar", "grammar": sql}
+    # SGLang's names for the same constraints
+    assert completion_spec(ebnf=sql) == {"type": "grammar", "grammar": sql}
+    assert completion_spec(regex="a|b") == {"type": "regex", "pattern": "a|b"}
+    assert completion_spec(json_schema=json.dumps(SCHEMA)) == {"type": "json_schema", "schema": SCHEMA}
     assert completion_spec(structured_outputs={"json_object": False}) is None
     assert completion_spec(structured_outputs={"json": SCHEMA, "disable_any_whitespace": True}) == {
         "type": "json_schema", "schema": SCHEMA, "compact": True}
@@ -140,6 +144,8 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
     ({"structured_outputs": {"grammar": 'root ::= "a" ('}}, "structured_outputs.grammar",
      "a group '(' without its ')' (grammar line 1, column 15)"),
     ({"structured_outputs": {"lark": "start: x"}}, "structured_outputs", "structured_outputs.lark"),
+    ({"guided_regex": "a", "regex": "b"}, "regex", "'guided_regex' and 'regex' both constrain"),
+    ({"ebnf": "root ::= x"}, "ebnf", "'ebnf' cannot be enforced: grammar: rule 'root' uses rule 'x'"),
     ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs", "must be a boolean"),
     ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": 1}}, "structured_outputs",
      "disable_any_whitespace must be a boolean"),
