@@ -86,8 +86,10 @@ def _agree(ctx: CellContext, jobs: list[Job], results: dict[str, Generation], ag
 
 
 def preemption_pool(workload: Workload) -> int:
-    """A pool that holds the largest job of the preemption cell but about a third of them all."""
-    jobs = layout_jobs(workload, exclude_longest=True)
+    """A pool that holds the largest job of the preemption cell but about a third of them all. The
+    structured-output jobs are left out of the count: their grammars end them long before their
+    max_tokens, so their pages at max_tokens would size the pool past what the jobs hold."""
+    jobs = [job for job in layout_jobs(workload, exclude_longest=True) if not job.params.structured_output]
     pages = [num_pages_of(job, workload.shape.block_size) for job in jobs]
     return max(max(pages) + 1, sum(pages) // 3)
 

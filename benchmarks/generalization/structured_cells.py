@@ -1,6 +1,7 @@
 """The structured-output cell of the generalization matrix, and the check every cell that runs a
 structured job applies: the output is what its spec asked for (JSON its schema accepts, tool-call
-blocks of the offered tool, one of the choices), whatever the model's weights."""
+blocks of the offered tool, one of the choices, text the grammar derives), whatever the model's
+weights."""
 
 from __future__ import annotations
 
@@ -9,13 +10,20 @@ import re
 
 from api.generation import Generation
 from benchmarks.generalization.cell import Cell, CellContext
-from benchmarks.generalization.workload import STRUCTURED_CHOICES, STRUCTURED_SCHEMA, STRUCTURED_TOOL, Job
+from benchmarks.generalization.workload import (
+    STRUCTURED_CHOICES,
+    STRUCTURED_GRAMMAR_TEXT,
+    STRUCTURED_SCHEMA,
+    STRUCTURED_TOOL,
+    Job,
+)
 from benchmarks.lib.schema_check import conforms
 
 
 def structured_cell() -> Cell:
-    return Cell("structured outputs", "a JSON schema (greedy and seeded), tool calls, a choice and compact "
-                "JSON, alone: each ends by its grammar (finish stop) with an output its spec accepts; then "
+    return Cell("structured outputs", "a JSON schema (greedy and seeded), tool calls, a choice, compact "
+                "JSON and a GBNF grammar, alone: each ends by its grammar (finish stop) with an output its "
+                "spec accepts; then "
                 "at once with free requests: the same outputs; the reference of the layouts' structured "
                 "jobs", _structured)
 
@@ -31,6 +39,8 @@ def structured_problem(job: Job, generation: Generation) -> str | None:
             ok = conforms(json.loads(text), STRUCTURED_SCHEMA)
         elif kind == "choice":
             ok = text in STRUCTURED_CHOICES
+        elif kind == "grammar":
+            ok = re.fullmatch(STRUCTURED_GRAMMAR_TEXT, text) is not None
         else:
             blocks = [b.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")
                       for b in text.split("\n<tool_call>\n")]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.sampling_params import SamplingParams
-from core.structured.specs import choice_spec, compact_spec, json_schema_spec, tool_calls_spec
+from core.structured.specs import choice_spec, compact_spec, grammar_spec, json_schema_spec, tool_calls_spec
 
 # The near-tie rule looks for both diverging tokens among each run's top logprobs: 100 (the matrix's
 # servers run with --max-logprobs 100), because on the dummy weights' flat distributions the 20th
@@ -34,6 +34,15 @@ STRUCTURED_SCHEMA = {"type": "object", "properties": {
 STRUCTURED_TOOL = {"name": "lookup", "parameters": {"type": "object", "properties": {
     "key": {"type": "string", "maxLength": 6}, "exact": {"type": "boolean"}}, "required": ["key", "exact"]}}
 STRUCTURED_CHOICES = ("alpha", "beta", "beta gamma")
+# A GBNF grammar (guided_grammar) whose rule calls are followed by more text (frames pushed and
+# popped), and the regular expression that says the same, to check its outputs independently.
+STRUCTURED_GRAMMAR = '''root ::= "SELECT " cols " FROM " table (" WHERE " cond)? ";"
+cols ::= col (", " col){0,2}
+col ::= "id" | "name" | "age"
+table ::= "users" | "orders"
+cond ::= col " = " [0-9]{1,3}'''
+STRUCTURED_GRAMMAR_TEXT = (r"SELECT (id|name|age)(, (id|name|age)){0,2} FROM (users|orders)"
+                           r"( WHERE (id|name|age) = [0-9]{1,3})?;")
 STRUCTURED_MAX_TOKENS = 256
 
 
@@ -148,18 +157,20 @@ class Workload:
         return self.seeded_job(max_tokens=min(16, self.shape.long_output))
 
     def structured_jobs(self) -> list[Job]:
-        """A JSON schema greedy and seeded, tool calls, a choice and compact JSON (no whitespace between
-        its tokens, seeded): each ends when its grammar does (EOS allowed), and must reproduce under
-        batching, chunking, preemption and the layouts."""
+        """A JSON schema greedy and seeded, tool calls, a choice, compact JSON (no whitespace between
+        its tokens, seeded) and a GBNF grammar: each ends when its grammar does (EOS allowed), and must
+        reproduce under batching, chunking, preemption and the layouts."""
         n = self.shape.block_size + 1
         out = min(STRUCTURED_MAX_TOKENS, self.shape.max_model_len - n)
         schema, tools = json_schema_spec(STRUCTURED_SCHEMA), tool_calls_spec([STRUCTURED_TOOL], max_calls=2)
+        grammar = grammar_spec(STRUCTURED_GRAMMAR)
         specs = [("schema", greedy(out, ignore_eos=False, structured_output=schema)),
                  ("schema-seeded", sampled(out, SEED, ignore_eos=False, structured_output=schema)),
                  ("tools", greedy(out, ignore_eos=False, structured_output=tools)),
                  ("choice", greedy(out, ignore_eos=False, structured_output=choice_spec(STRUCTURED_CHOICES))),
                  ("schema-compact",
-                  sampled(out, SEED + 1, ignore_eos=False, structured_output=compact_spec(schema)))]
+                  sampled(out, SEED + 1, ignore_eos=False, structured_output=compact_spec(schema))),
+                 ("grammar", greedy(out, ignore_eos=False, structured_output=grammar))]
         return [Job(f"structured-{name}-len{n}", self.by_length[n], params) for name, params in specs]
 
     def alone_indices(self) -> list[int]:
