@@ -11,7 +11,7 @@ import pytest
 
 from core.structured.grammar import GrammarError, compile_spec
 from core.structured.rule_frames import MAX_RULE_DEPTH
-from core.structured.specs import grammar_spec
+from core.structured.specs import grammar_spec, regex_spec
 
 SQL = '''root ::= select_statement
 
@@ -198,3 +198,14 @@ never ::= "n" never'''
 dead ::= "d"'''
     assert matches(grammar, "d!z") and matches(grammar, "xz")
     assert not begins(grammar, "dz") and not begins(grammar, "d!!")
+
+
+def test_a_character_begun_in_utf8s_surrogate_range_is_no_way_on():
+    """\\xED\\xA0-\\xBF would begin a surrogate, which UTF-8 never encodes: a negated class must not take
+    it (it could never be finished: a dead end), for grammars and guided_regex alike."""
+    for spec in (grammar_spec("root ::= [^a]+"), regex_spec("[^a]+")):
+        compiled = compile_spec(spec)
+        advance = compiled.automaton.advance_bytes
+        assert advance(compiled.initial, b"\xed") and advance(compiled.initial, b"\xed\x9f\xbf")  # U+D7FF
+        assert not advance(compiled.initial, b"\xed\xa0") and not advance(compiled.initial, b"\xed\xbf")
+        assert advance(compiled.initial, "\ue000".encode())

@@ -96,7 +96,7 @@ def compile_spec(spec: str) -> Grammar:
     try:
         return _compile(spec)
     except RecursionError:
-        raise GrammarError("the schema is nested too deeply to compile") from None
+        raise GrammarError("the spec (a schema or a grammar) is nested too deeply to compile") from None
 
 
 def _compile(spec: str) -> Grammar:

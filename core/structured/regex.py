@@ -368,7 +368,13 @@ def utf8_span(partial: bytes, need: int) -> tuple[int, int]:
         lo = (lo << 6) | ((byte if byte is not None else 0x80) & 0x3F)
         hi = (hi << 6) | ((byte if byte is not None else 0xBF) & 0x3F)
     smallest = {2: 0x80, 3: 0x800, 4: 0x10000}[need]
-    return max(lo, smallest), min(hi, 0x10FFFF)
+    lo, hi = max(lo, smallest), min(hi, 0x10FFFF)
+    # UTF-8 encodes no surrogates: a character begun \xED\xA0-\xBF can never be finished (lo > hi)
+    if 0xD800 <= lo <= 0xDFFF:
+        lo = 0xE000
+    if 0xD800 <= hi <= 0xDFFF:
+        hi = 0xD7FF
+    return lo, hi
 
 
 def code_point(data: bytes) -> int | None:
