@@ -209,3 +209,29 @@ def test_a_character_begun_in_utf8s_surrogate_range_is_no_way_on():
         assert advance(compiled.initial, b"\xed") and advance(compiled.initial, b"\xed\x9f\xbf")  # U+D7FF
         assert not advance(compiled.initial, b"\xed\xa0") and not advance(compiled.initial, b"\xed\xbf")
         assert advance(compiled.initial, "\ue000".encode())
+
+
+@pytest.mark.parametrize("grammar", [BALANCED, 'root ::= "(" root "y" | "x"',
+                                     'root ::= "(" a "y" | "x"\na ::= root b\nb ::= "z" | "(" root ")"'])
+def test_the_frame_limit_stops_nesting_without_stranding_an_output(grammar):
+    """Open as deep as the grammar lets, then take the first other way on each time: the output
+    must come to an end (no state on the way is a dead end), nested about as deep as the limit lets
+    (the third grammar stacks two frames an open)."""
+    compiled = compile_spec(grammar_spec(grammar))
+    automaton, state, opened, refused = compiled.automaton, compiled.initial, 0, False
+    for _ in range(2000):
+        if refused and automaton.can_end(state):
+            break
+        ways = [b for b in range(256) if automaton.advance(state, b)]
+        assert ways or automaton.can_end(state), f"a dead end after {opened} opened"
+        if not ways:
+            break
+        if not refused and ord("(") in ways:
+            byte, opened = ord("("), opened + 1
+        else:
+            refused = True
+            byte = min([b for b in ways if b != ord("(")] or ways)
+        state = automaton.advance(state, byte)
+    else:
+        raise AssertionError("no end within 2000 bytes")
+    assert refused and MAX_RULE_DEPTH // 3 <= opened <= MAX_RULE_DEPTH  # a frame or two an open

@@ -33,6 +33,7 @@ from core.structured.regex import CharSet
 MAX_STATES = 20_000  # NFA states all rules may expand to ({n,m} copies its operand)
 MAX_GRAMMAR_BYTES = 64 * 1024
 ROOT = "root"
+_NEVER = 1 << 30  # frames needed where the end cannot be reached
 
 
 class Rules:
@@ -72,6 +73,7 @@ class Rules:
                                 "calls a rule that never ends)")
         self._live = frozenset(self._reaching(productive))
         self._check_left_recursion(reachable)
+        self._need = self._frames_needed()
         self._memo: dict[tuple[frozenset, int], frozenset] = {}
         self._calls_memo: dict[frozenset, tuple[tuple[frozenset, frozenset], ...]] = {}
         self.start = self.closure({self._first[index[ROOT]]})
@@ -91,9 +93,10 @@ class Rules:
             self._memo[key] = after
         return after
 
-    def can_take(self, states: frozenset, lo: int, hi: int) -> bool:
-        """Whether some code point in lo..hi (a UTF-8 character begun, not finished) goes on."""
-        return any(to in self._live and charset.meets(lo, hi, False)
+    def can_take(self, states: frozenset, lo: int, hi: int, most_frames: int = _NEVER) -> bool:
+        """Whether some code point in lo..hi (a UTF-8 character begun, not finished) goes on, to a
+        state whose end needs at most `most_frames` frames above it (frames_needed)."""
+        return any(to in self._live and self._need[to] <= most_frames and charset.meets(lo, hi, False)
                    for s in states for charset, to in self._edges[s])
 
     def calls(self, states: frozenset) -> tuple[tuple[frozenset, frozenset], ...]:
@@ -117,6 +120,11 @@ class Rules:
         """Whether nothing can follow in the rule: its end and no way on (a call there needs no frame
         to return to: a tail call)."""
         return self.accepts(states) and all(not self._edges[s] and not self._calls[s] for s in states)
+
+    def frames_needed(self, states: frozenset) -> int:
+        """How many frames above this rule's own its end needs at the least: its frame at depth i
+        can still end in a stack of at most N frames only if i + this < N (rule_frames.py)."""
+        return min((self._need[s] for s in states), default=_NEVER)
 
     def closure(self, states: set[int]) -> frozenset:
         """Epsilon-closed and live; a call of a rule that may match nothing also leads past it."""
@@ -210,6 +218,31 @@ class Rules:
                     reach.add(s)
                     todo.append(s)
         return reach
+
+    def _frames_needed(self) -> list[int]:
+        """Per state, the fewest frames that must stand above its rule's frame on some way to its end
+        (a fixed point): a character or an epsilon needs what the next state needs; a call needs one
+        frame more than the callee needs, or (nothing after it in the caller: a tail call, the callee
+        in the caller's place) what the callee needs; a call of a rule that may match nothing may
+        also be passed over."""
+        need = [_NEVER] * len(self._edges)
+        for final in self._final:
+            need[final] = 0
+        tail = [self.is_end(self.closure({s})) for s in range(len(self._edges))]
+        changed = True
+        while changed:
+            changed = False
+            for s in range(len(self._edges)):
+                best = min([need[s], *(need[t] for t in self._eps[s]), *(need[t] for _, t in self._edges[s])])
+                for rule, after in self._calls[s]:
+                    callee = need[self._first[rule]]
+                    if self.nullable[rule]:
+                        best = min(best, need[after])
+                    best = min(best, callee if tail[after] else max(callee + 1, need[after]))
+                if best < need[s]:
+                    need[s] = best
+                    changed = True
+        return need
 
     def _check_left_recursion(self, reachable: set[int]) -> None:
         """A rule that can call itself again before reading a byte would make stepping loop forever."""

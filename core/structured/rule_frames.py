@@ -17,7 +17,9 @@ from core.structured.ebnf import Rules
 from core.structured.regex import code_point, utf8_span
 
 RULE = 10  # the automaton's frame kind for a grammar rule (after its JSON kinds)
-# The most frames a grammar's calls may stack: nesting deeper than this is not generated.
+# The most frames a grammar's calls may stack: nesting deeper than this is not generated. A step that
+# would leave a frame unable to end within it (its rule's end needs more frames above it than are
+# left: Rules.frames_needed) is not taken, so the limit never strands an output in a dead end.
 MAX_RULE_DEPTH = 64
 
 
@@ -25,6 +27,7 @@ def step_rule(rules: Rules, rest: tuple, top: tuple, c: int, step_below: Callabl
               fresh: bool = False) -> list[tuple]:
     """The stacks after byte `c` with the RULE frame `top` on `rest`; `step_below` steps `rest`."""
     _, states, partial = top
+    depth = len(rest)  # this frame's place in the stack
     if partial:
         if not 0x80 <= c <= 0xBF:
             return []
@@ -32,24 +35,30 @@ def step_rule(rules: Rules, rest: tuple, top: tuple, c: int, step_below: Callabl
         need = _utf8_length(partial[0])
         if len(partial) < need:
             lo, hi = utf8_span(partial, need)
-            return [rest + ((RULE, states, partial),)] if lo <= hi and rules.can_take(states, lo, hi) else []
+            goes_on = lo <= hi and rules.can_take(states, lo, hi, MAX_RULE_DEPTH - 1 - depth)
+            return [rest + ((RULE, states, partial),)] if goes_on else []
         cp = code_point(partial)
         after = rules.step(states, cp) if cp is not None else frozenset()
-        return [rest + ((RULE, after, b""),)] if after else []
+        fits = after and depth + rules.frames_needed(after) < MAX_RULE_DEPTH
+        return [rest + ((RULE, after, b""),)] if fits else []
     out: list[tuple] = []
     if c < 0x80:
         after = rules.step(states, c)
-        if after:
+        if after and depth + rules.frames_needed(after) < MAX_RULE_DEPTH:
             out.append(rest + ((RULE, after, b""),))
     elif 0xC2 <= c <= 0xF4:
         begun = bytes((c,))
         lo, hi = utf8_span(begun, _utf8_length(c))
-        if lo <= hi and rules.can_take(states, lo, hi):
+        if lo <= hi and rules.can_take(states, lo, hi, MAX_RULE_DEPTH - 1 - depth):
             out.append(rest + ((RULE, states, begun),))
     for first, back in rules.calls(states):
-        below = rest if rules.is_end(back) else rest + ((RULE, back, b""),)
-        if len(below) < MAX_RULE_DEPTH:
-            out.extend(step_rule(rules, below, (RULE, first, b""), c, step_below, fresh=True))
+        if rules.is_end(back):  # a tail call: the callee takes this frame's place
+            below = rest
+        elif depth + max(rules.frames_needed(back), 1 + rules.frames_needed(first)) < MAX_RULE_DEPTH:
+            below = rest + ((RULE, back, b""),)
+        else:
+            continue
+        out.extend(step_rule(rules, below, (RULE, first, b""), c, step_below, fresh=True))
     if not fresh and rules.accepts(states):
         out.extend(step_below(rest, c))
     return out
