@@ -13,9 +13,11 @@ order. Each token goes through the same operations, one after the other on the p
 program holds, so a token's arithmetic is the same whatever the step's row count (a first version
 held all of a step's tokens in one 4-D product: a row alone then differed from itself in a step of
 2-4 in the last bits, and 2-4 rows ran 3-20x slower than one; one token a program reads the weight
-once per token, 175 us a layer at two rows against cuBLAS's 164). Several tokens a program read
-each weight row once for all of them; how that compares at 2-8 rows is for `benchmarks.fp8_tiles`
-to measure before ROW_GEMV_MAX_M grows.
+once per token, 175 us a layer at two rows against cuBLAS's 164). Several tokens a program
+(`tokens`) read each weight row once for all of them, but measured no faster (H100, `python -m
+benchmarks.fp8_tiles --batches 1,2,4,8 --only 'row gemv'`: 175 us a layer at two rows and 290 at
+four against cuBLAS's 158 and 156), so steps of more than one row stay on cuBLAS and the option is
+left to fp8_tiles' candidates.
 
 Why: a CUDA graph of kernels that only read the 14B layer's FP8 weights, 32 KB a program in one
 load, reads them at 3.0 TB/s on an H100 (benchmarks/launch_overlap.py), where cuBLAS's block-scaled
@@ -36,9 +38,9 @@ import triton.language as tl
 from core.execution.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait, launch_options
 from core.execution.model.fp8_format import BLOCK
 
-# One token a program reads the weight once per token (the repeats mostly from L2): measured on an H100,
-# a layer of Qwen3-14B takes 132 us at one row against cuBLAS's 164, but 175 against 164 at two rows
-# and 290 against 164 at four. So the row GEMV serves steps of one row.
+# Measured on an H100, a layer of Qwen3-14B takes 132 us at one row against cuBLAS's 164, but 175
+# against 164 at two rows and 290 against 164 at four, one token a program or several (the module
+# docstring). So the row GEMV serves steps of one row.
 ROW_GEMV_MAX_M = 1
 
 
@@ -54,7 +56,8 @@ class RowGemvTiles(NamedTuple):
 def row_gemv_tiles(m: int, n: int, k: int) -> RowGemvTiles:
     """2 rows a program, 2,048 columns a piece, 4 warps: the best at one row on all four Qwen3-14B
     products on an H100 (`python -m benchmarks.fp8_tiles`; 1, 4 and 8 rows, 512 and 1,024 columns
-    and 8 warps were as fast or slower). Up to 4 of a step's tokens a program (a first guess)."""
+    and 8 warps were as fast or slower). Up to 4 of a step's tokens a program (at two and four rows
+    within a few percent of the best token grouping measured, all slower than cuBLAS)."""
     tokens = min(4, triton.next_power_of_2(max(m, 1)))
     return RowGemvTiles(rows=2, chunk=min(2048, triton.next_power_of_2(max(k, BLOCK))), num_warps=4,
                         tokens=tokens)
