@@ -3,7 +3,7 @@
 OpenAI's `response_format` (`text`; `json_object`: any JSON object; `json_schema`: a value its
 `json_schema.schema` accepts), a forced `tool_choice` ("required": one or more calls of the offered
 tools; a named function: calls of that one; with `parallel_tool_calls` false at most one call) and
-vLLM's `guided_json` / `guided_choice` / `guided_regex` / `guided_grammar` (GBNF, the EBNF form
+vLLM's `guided_json` / `guided_choice` / `guided_regex` / `guided_grammar` (GBNF or lark, the forms
 vLLM's grammars take: core/structured/ebnf.py; SGLang's `json_schema` / `regex` / `ebnf` name the
 same) and vLLM's newer `structured_outputs.json` / `.choice` /
 `.regex` / `.grammar` / `.json_object` (`.disable_any_whitespace`: no whitespace between JSON tokens;

@@ -71,6 +71,8 @@ def test_vllm_guided_fields_and_structured_outputs():
     sql = 'root ::= "SELECT " column\ncolumn ::= "col_1" | "col_2"'
     assert completion_spec(guided_grammar=sql) == {"type": "grammar", "grammar": sql}
     assert completion_spec(structured_outputs={"grammar": sql}) == {"type": "grammar", "grammar": sql}
+    lark = 'start: "SELECT " column\ncolumn: "col_1" | "col_2"'  # vLLM's other grammar form
+    assert completion_spec(guided_grammar=lark) == {"type": "grammar", "grammar": lark}
     # SGLang's names for the same constraints
     assert completion_spec(ebnf=sql) == {"type": "grammar", "grammar": sql}
     assert completion_spec(regex="a|b") == {"type": "regex", "pattern": "a|b"}
@@ -146,6 +148,7 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
     ({"structured_outputs": {"lark": "start: x"}}, "structured_outputs", "structured_outputs.lark"),
     ({"guided_regex": "a", "regex": "b"}, "regex", "'guided_regex' and 'regex' both constrain"),
     ({"ebnf": "root ::= x"}, "ebnf", "'ebnf' cannot be enforced: grammar: rule 'root' uses rule 'x'"),
+    ({"guided_grammar": 'start: "a"\n%ignore " "'}, "guided_grammar", "'%ignore' is not supported"),
     ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs", "must be a boolean"),
     ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": 1}}, "structured_outputs",
      "disable_any_whitespace must be a boolean"),

@@ -235,3 +235,51 @@ def test_the_frame_limit_stops_nesting_without_stranding_an_output(grammar):
     else:
         raise AssertionError("no end within 2000 bytes")
     assert refused and MAX_RULE_DEPTH // 3 <= opened <= MAX_RULE_DEPTH  # a frame or two an open
+
+
+LARK_SQL = '''start: select_statement
+select_statement: "SELECT " column " from " table " where " condition
+column: "col_1 " | "col_2 "
+table: "table_1 " | "table_2 "
+condition: column "= " number
+number: "1 " | "2 "
+'''
+LARK_ARITHMETIC = r'''// a lark grammar: `start`, terminals, /regex/, ranges and counts
+?start: sum
+sum: product ("+" product)*
+product: atom ("*" atom)*
+?atom: NUMBER
+     | "(" sum ")"
+     | "-" atom
+     | NAME
+NUMBER: /[0-9]+(\.[0-9]+)?/
+NAME: "a".."z" ~ 1..3
+'''
+
+
+@pytest.mark.parametrize("grammar, text, expected", [
+    (LARK_SQL, "SELECT col_2  from table_1  where col_1 = 2 ", True),
+    (LARK_SQL, "SELECT col_3 ", False),
+    (LARK_ARITHMETIC, "1+2*3", True), (LARK_ARITHMETIC, "(1+x)*-3.5", True), (LARK_ARITHMETIC, "abc*2", True),
+    (LARK_ARITHMETIC, "abcd", False), (LARK_ARITHMETIC, "1+", False), (LARK_ARITHMETIC, "1.+2", False),
+    ('start: "select"i " " [NAME]\nNAME: "a".."z"+', "SeLeCt ", True),
+    ('start: "select"i " " [NAME]\nNAME: "a".."z"+', "SELECT abc", True),
+    ('start: "select"i " " [NAME]\nNAME: "a".."z"+', "selec ", False),
+])
+def test_lark_grammars_as_vllm_takes_them(grammar, text, expected):
+    assert matches(grammar, text) is expected
+
+
+@pytest.mark.parametrize("grammar, words", [
+    ('start: a\na: "x"\n%import common.WS\n%ignore WS', "the directive '%import' is not supported"),
+    ('start: /a/i', "regular expression flags 'i' are not supported"),
+    ('start: "x" ~ 3..1', "runs backwards"),
+    ('start: "a".."bc"', 'must join two single characters'),
+    ('start: /a(/', "without its ')'"),
+    ('?start: sum\nsum: sum "+" "1" | "1"', "rule 'sum' is left-recursive"),
+    ('begin: "x"', "no 'start' rule"),
+])
+def test_what_a_lark_grammar_cannot_have_is_refused(grammar, words):
+    with pytest.raises(GrammarError, match="grammar") as error:
+        compile_spec(grammar_spec(grammar))
+    assert words in str(error.value), str(error.value)

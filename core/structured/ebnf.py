@@ -1,4 +1,5 @@
-"""Rules: a context-free grammar in GBNF (llama.cpp's EBNF, the form vLLM's `guided_grammar` takes),
+"""Rules: a context-free grammar in GBNF (llama.cpp's EBNF, the form vLLM's `guided_grammar` takes;
+a lark grammar, vLLM's other form, is read by lark_parser.py into the same rules, from `start`),
 compiled to one NFA a rule over Unicode code points and calls of other rules, which the automaton
 (core/structured/automaton.py, its RULE frames) walks one byte at a time with a stack of calls.
 
@@ -28,6 +29,7 @@ byte. Only states from which their rule's end can be reached are kept, so no sta
 from __future__ import annotations
 
 from core.structured.ebnf_parser import EbnfError, called_rules, parse_rules
+from core.structured.lark_parser import START, looks_like_lark, parse_lark_rules
 from core.structured.regex import CharSet
 
 MAX_STATES = 20_000  # NFA states all rules may expand to ({n,m} copies its operand)
@@ -44,9 +46,9 @@ class Rules:
         if len(text.encode()) > MAX_GRAMMAR_BYTES:
             raise EbnfError(f"the grammar is {len(text.encode())} bytes; at most {MAX_GRAMMAR_BYTES} "
                             "are served")
-        bodies = parse_rules(text)
-        if ROOT not in bodies:
-            raise EbnfError(f"the grammar has no '{ROOT}' rule (where the output starts)")
+        bodies, root = (parse_lark_rules(text), START) if looks_like_lark(text) else (parse_rules(text), ROOT)
+        if root not in bodies:
+            raise EbnfError(f"the grammar has no '{root}' rule (where the output starts)")
         for name, body in bodies.items():
             for called in called_rules(body):
                 if called not in bodies:
@@ -64,7 +66,7 @@ class Rules:
             self._final.append(final)
         self._finals = frozenset(self._final)
         self._owner = self._rule_of_states()
-        reachable = self._reachable(index[ROOT])
+        reachable = self._reachable(index[root])
         self.nullable = self._nullable()
         productive = self._productive()
         for rule in sorted(reachable):
@@ -76,9 +78,9 @@ class Rules:
         self._need = self._frames_needed()
         self._memo: dict[tuple[frozenset, int], frozenset] = {}
         self._calls_memo: dict[frozenset, tuple[tuple[frozenset, frozenset], ...]] = {}
-        self.start = self.closure({self._first[index[ROOT]]})
+        self.start = self.closure({self._first[index[root]]})
         if not self.start:
-            raise EbnfError(f"rule '{ROOT}' matches no text")
+            raise EbnfError(f"rule '{root}' matches no text")
 
     # --- stepping ---------------------------------------------------------------------------------
     def step(self, states: frozenset, cp: int) -> frozenset:

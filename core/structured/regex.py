@@ -359,6 +359,12 @@ class _Parser:
         return CharSet(tuple(ranges), negated)
 
 
+def pattern_tree(pattern: str) -> tuple:
+    """A pattern's parse, matched whole (anchors change nothing), in the tree form the grammars'
+    parsers share: ("set", CharSet), ("seq", [...]), ("alt", [...]), ("repeat", item, low, high)."""
+    return _Parser(pattern).parse()[0]
+
+
 def utf8_span(partial: bytes, need: int) -> tuple[int, int]:
     """The code points a UTF-8 character of `need` bytes that begins with `partial` may be."""
     lead_bits = partial[0] & (0xFF >> (need + 1))

@@ -1,0 +1,209 @@
+"""Lark grammars, the other form vLLM's `guided_grammar` takes (vLLM turns one it recognizes into
+GBNF): text -> {rule name: body} in ebnf_parser.py's AST, `start` the rule an output starts from.
+
+The subset: rules and terminals `name: ...` (a leading `?` or `!` and a `.priority` are accepted and
+change nothing here); alternatives `|`, also at the start of a continued line; strings "..." (with
+the `i` flag: either case); character ranges "a".."z"; regular expressions /.../ (core/structured/
+regex.py's subset, matched whole; no flags); names; groups `( )`; optional `[ ]`; `? * +`; `~ n` and
+`~ n..m`; comments `//` to the end of a line. Directives (`%import`, `%ignore`, `%declare`, ...) are
+refused: `%ignore` lets text stand between any two symbols, which this compiles to nothing.
+Errors name the line and column.
+"""
+
+from __future__ import annotations
+
+import re
+
+from core.structured.ebnf_parser import MAX_REPEAT, EbnfError
+from core.structured.regex import CharSet, RegexError, pattern_tree
+
+START = "start"
+_NAME = re.compile(r"[?!]?([A-Za-z_][A-Za-z0-9_]*)(\.-?\d+)?\s*:(?!:)")
+_DEFINITION = re.compile(r"^[ \t]*[?!]?[A-Za-z_][A-Za-z0-9_]*(\.-?\d+)?[ \t]*:(?![:=])", re.MULTILINE)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"'}
+
+
+def looks_like_lark(text: str) -> bool:
+    """No GBNF `::=`, and a line that defines `name:` (vLLM's test of the same)."""
+    return "::=" not in text and _DEFINITION.search(_strip_comments(text)) is not None
+
+
+def parse_lark_rules(text: str) -> dict[str, tuple]:
+    return _LarkParser(text).rules()
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"//[^\n]*", "", text)
+
+
+class _LarkParser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.at = 0
+
+    def rules(self) -> dict[str, tuple]:
+        rules: dict[str, tuple] = {}
+        self._space()
+        while self.at < len(self.text):
+            if self.text[self.at] == "%":
+                directive = self.text[self.at :].split(None, 1)[0]
+                raise self._error(f"the directive {directive!r} is not supported (a lark grammar's "
+                                  "%ignore would let text stand between any two symbols)")
+            where = self._where()
+            found = _NAME.match(self.text, self.at)
+            if not found:
+                raise self._error("expected a rule or terminal definition `name: ...`")
+            name = found.group(1)
+            self.at = found.end()
+            if name in rules:
+                raise EbnfError(f"rule '{name}' is defined twice (the second at {where})")
+            rules[name] = self._alternatives(top=True)
+        return rules
+
+    def _alternatives(self, top: bool = False) -> tuple:
+        options = [self._sequence(top)]
+        while self._peek() == "|":
+            self.at += 1
+            options.append(self._sequence(top))
+        return options[0] if len(options) == 1 else ("alt", options)
+
+    def _sequence(self, top: bool) -> tuple:
+        items = []
+        while True:
+            self._space()
+            c = self._peek()
+            if c in ("", "|", ")", "]") or (top and (c == "%" or self._at_definition())):
+                break
+            items.append(self._quantified(self._primary()))
+        return items[0] if len(items) == 1 else ("seq", items)
+
+    def _at_definition(self) -> bool:
+        line_start = self.text.rfind("\n", 0, self.at) + 1
+        return not self.text[line_start : self.at].strip() and _NAME.match(self.text, self.at) is not None
+
+    def _primary(self) -> tuple:
+        c = self._peek()
+        if c == '"':
+            return self._string()
+        if c == "/":
+            return self._regex()
+        if c in ("(", "["):
+            self.at += 1
+            body = self._alternatives()
+            close = ")" if c == "(" else "]"
+            if self._peek() != close:
+                raise self._error(f"a group {c!r} without its {close!r}")
+            self.at += 1
+            return body if c == "(" else ("repeat", body, 0, 1)
+        found = re.compile(r"[A-Za-z_][A-Za-z0-9_]*").match(self.text, self.at)
+        if found:
+            self.at = found.end()
+            return ("call", found.group())
+        raise self._error(f"unexpected {c!r}")
+
+    def _quantified(self, item: tuple) -> tuple:
+        while True:
+            c = self._peek_on_line()  # a `?` opening the next line is a rule's prefix, not this
+            if c in ("?", "*", "+"):
+                self.at += 1
+                low, high = {"?": (0, 1), "*": (0, -1), "+": (1, -1)}[c]
+                item = ("repeat", item, low, high)
+            elif c == "~":
+                self.at += 1
+                self._space()
+                found = re.compile(r"(\d+)(?:\.\.(\d+))?").match(self.text, self.at)
+                if not found:
+                    raise self._error("'~' needs a count: ~ n or ~ n..m")
+                self.at = found.end()
+                low = int(found.group(1))
+                high = int(found.group(2)) if found.group(2) else low
+                if high < low or high > MAX_REPEAT:
+                    raise self._error(f"a repetition ~ {found.group()} runs backwards or over {MAX_REPEAT}")
+                item = ("repeat", item, low, high)
+            else:
+                return item
+
+    def _string(self) -> tuple:
+        first = self._literal()
+        if self.text.startswith("..", self.at):  # "a".."z": a range of characters
+            self.at += 2
+            self._space()
+            if self._peek() != '"':
+                raise self._error('a range ".." needs a second string')
+            last = self._literal()
+            if len(first) != 1 or len(last) != 1 or ord(last) < ord(first):
+                raise self._error(f'a range "{first}".."{last}" must join two single characters in order')
+            return ("set", CharSet(((ord(first), ord(last)),)))
+        fold = self.text.startswith("i", self.at) and not self.text[self.at + 1 : self.at + 2].isalnum()
+        if fold:
+            self.at += 1
+        sets = []
+        for c in first:
+            cases = {x for x in (c, c.lower(), c.upper()) if len(x) == 1} if fold else {c}
+            sets.append(("set", CharSet(tuple((ord(x), ord(x)) for x in sorted(cases)))))
+        return ("seq", sets)
+
+    def _literal(self) -> str:
+        self.at += 1
+        chars = []
+        while True:
+            if self.at >= len(self.text) or self.text[self.at] == "\n":
+                raise self._error("a string without its closing '\"'")
+            c = self.text[self.at]
+            self.at += 1
+            if c == '"':
+                return "".join(chars)
+            if c == "\\":
+                e = self.text[self.at : self.at + 1]
+                if e not in _ESCAPES:
+                    raise self._error(f"unknown escape '\\{e}'")
+                self.at += 1
+                c = _ESCAPES[e]
+            chars.append(c)
+
+    def _regex(self) -> tuple:
+        start = self.at + 1
+        at = start
+        while at < len(self.text) and self.text[at] != "/":
+            if self.text[at] == "\n":
+                break
+            at += 2 if self.text[at] == "\\" else 1
+        if at >= len(self.text) or self.text[at] != "/":
+            raise self._error("a regular expression /.../ without its closing '/'")
+        pattern = self.text[start:at]
+        self.at = at + 1
+        flags = re.compile(r"[a-z]*").match(self.text, self.at).group()
+        if flags:
+            raise self._error(f"regular expression flags {flags!r} are not supported")
+        try:
+            node = pattern_tree(pattern)
+        except RegexError as e:
+            raise self._error(str(e)) from None
+        return node
+
+    def _space(self) -> None:
+        while self.at < len(self.text):
+            if self.text[self.at] in " \t\r\n":
+                self.at += 1
+            elif self.text.startswith("//", self.at):
+                end = self.text.find("\n", self.at)
+                self.at = len(self.text) if end < 0 else end + 1
+            else:
+                return
+
+    def _peek_on_line(self) -> str:
+        while self.at < len(self.text) and self.text[self.at] in " \t":
+            self.at += 1
+        return self.text[self.at] if self.at < len(self.text) else ""
+
+    def _peek(self) -> str:
+        self._space()
+        return self.text[self.at] if self.at < len(self.text) else ""
+
+    def _where(self) -> str:
+        line = self.text.count("\n", 0, self.at) + 1
+        column = self.at - (self.text.rfind("\n", 0, self.at) + 1) + 1
+        return f"line {line}, column {column}"
+
+    def _error(self, what: str) -> EbnfError:
+        return EbnfError(f"{what} (lark grammar {self._where()})")
