@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from test_sampler import make_plan
-from test_structured_ebnf import JSON_GRAMMAR
+from test_structured_ebnf import JSON_GRAMMAR, SQL
 
 from benchmarks.lib.schema_check import conforms
 from core.execution.sampler import Sampler, SamplingTensors
@@ -45,17 +45,11 @@ WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties":
                                                  "required": ["city"]}}
 PATTERNED = {"type": "object", "properties": {"code": {"type": "string", "pattern": r"^[A-Z]{2}\d{2,4}$"},
                                              "word": {"pattern": "^[a-zé ]{1,8}$"}}, "required": ["code"]}
-# A recursive GBNF grammar (nested arrays of numbers and strings, JSON's syntax) and vLLM's
-# structured-output benchmark's SQL grammar (benchmarks/benchmark_serving_structured_output.py).
+# A recursive GBNF grammar (nested arrays of numbers and strings, JSON's syntax); SQL is vLLM's
+# structured-output benchmark's grammar (tests/test_structured_ebnf.py).
 NESTED = '''root ::= "[" ws (item ("," ws item)*)? "]"
 item ::= "0" | [1-9] [0-9]{0,5} | "\\"" [a-zé ]* "\\"" | root
 ws ::= " "?'''
-SQL = '''root ::= select_statement
-select_statement ::= "SELECT " column " from " table " where " condition
-column ::= "col_1 " | "col_2 "
-table ::= "table_1 " | "table_2 "
-condition ::= column "= " number
-number ::= "1 " | "2 "'''
 SPECS = [json_schema_spec(SCHEMA), json_object_spec(), json_object_spec(reasoning=True),
          choice_spec(["positive", "negative", "neutral"]), tool_calls_spec([WEATHER], max_calls=2),
          json_schema_spec(PATTERNED), regex_spec(r"(yes|no|maybe)(, [a-z]{1,6}){0,3}\."),

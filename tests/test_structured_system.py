@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from api_http import UvicornThread, get
 from system_client import tiny_config
+from test_structured_ebnf import SQL as SQL_GRAMMAR
 
 from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
@@ -209,12 +210,6 @@ def test_disable_any_whitespace_gives_compact_json(tp2):
     assert not re.search(r"\s", outside_strings), text
 
 
-SQL_GRAMMAR = '''root ::= select_statement
-select_statement ::= "SELECT " column " from " table " where " condition
-column ::= "col_1 " | "col_2 "
-table ::= "table_1 " | "table_2 "
-condition ::= column "= " number
-number ::= "1 " | "2 "'''
 SQL_TEXT = r"SELECT col_[12]  from table_[12]  where col_[12] = [12] "
 
 

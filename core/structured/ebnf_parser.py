@@ -34,13 +34,70 @@ def called_rules(node: tuple) -> list[str]:
     return []
 
 
-class _Parser:
-    """GBNF text -> {rule name: body}, a body an AST of ("set", CharSet), ("call", name),
-    ("seq", [...]), ("alt", [...]) and ("repeat", item, low, high)."""
+class TextParser:
+    """What the grammar syntaxes' parsers share: a place in the text, alternatives of sequences,
+    comments skipped, errors naming the line and column. A subclass gives `_primary`, `_quantified`
+    and `_rule_ends_here` (where a top-level sequence meets the next rule's definition)."""
+
+    COMMENT = "#"  # a comment runs from this to the end of its line
+    CLOSERS = ("", "|", ")")  # what ends a sequence
+    LABEL = "grammar"  # what errors call the text
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.at = 0
+
+    def _alternatives(self, top: bool = False) -> tuple:
+        options = [self._sequence(top)]
+        while self._peek() == "|":
+            self.at += 1
+            options.append(self._sequence(top))
+        return options[0] if len(options) == 1 else ("alt", options)
+
+    def _sequence(self, top: bool) -> tuple:
+        items = []
+        while True:
+            self._space()
+            if self._peek() in self.CLOSERS or (top and self._rule_ends_here()):
+                break
+            items.append(self._quantified(self._primary()))
+        return items[0] if len(items) == 1 else ("seq", items)
+
+    def _primary(self) -> tuple:
+        raise NotImplementedError
+
+    def _quantified(self, item: tuple) -> tuple:
+        raise NotImplementedError
+
+    def _rule_ends_here(self) -> bool:
+        raise NotImplementedError
+
+    def _space(self) -> None:
+        while self.at < len(self.text):
+            if self.text[self.at] in " \t\r\n":
+                self.at += 1
+            elif self.text.startswith(self.COMMENT, self.at):
+                end = self.text.find("\n", self.at)
+                self.at = len(self.text) if end < 0 else end + 1
+            else:
+                return
+
+    def _peek(self, skip_space: bool = True) -> str:
+        if skip_space:
+            self._space()
+        return self.text[self.at] if self.at < len(self.text) else ""
+
+    def _where(self) -> str:
+        line = self.text.count("\n", 0, self.at) + 1
+        column = self.at - (self.text.rfind("\n", 0, self.at) + 1) + 1
+        return f"line {line}, column {column}"
+
+    def _error(self, what: str) -> EbnfError:
+        return EbnfError(f"{what} ({self.LABEL} {self._where()})")
+
+
+class _Parser(TextParser):
+    """GBNF text -> {rule name: body}."""
 
     def rules(self) -> dict[str, tuple]:
         rules: dict[str, tuple] = {}
@@ -59,24 +116,7 @@ class _Parser:
             rules[name] = self._alternatives(top=True)
         return rules
 
-    def _alternatives(self, top: bool = False) -> tuple:
-        options = [self._sequence(top)]
-        while self._peek() == "|":
-            self.at += 1
-            options.append(self._sequence(top))
-        return options[0] if len(options) == 1 else ("alt", options)
-
-    def _sequence(self, top: bool) -> tuple:
-        items = []
-        while True:
-            self._space()
-            c = self._peek()
-            if c in ("", "|", ")") or (top and self._at_rule_start()):
-                break
-            items.append(self._quantified(self._primary()))
-        return items[0] if len(items) == 1 else ("seq", items)
-
-    def _at_rule_start(self) -> bool:
+    def _rule_ends_here(self) -> bool:
         """Whether a `name ::=` begins here (where the rule before it ends)."""
         end = self.at
         while end < len(self.text) and self.text[end] in _NAME_CHARS:
@@ -204,27 +244,3 @@ class _Parser:
         if self.at == start:
             raise self._error("expected a rule name")
         return self.text[start : self.at]
-
-    def _space(self) -> None:
-        while self.at < len(self.text):
-            c = self.text[self.at]
-            if c in " \t\r\n":
-                self.at += 1
-            elif c == "#":
-                end = self.text.find("\n", self.at)
-                self.at = len(self.text) if end < 0 else end + 1
-            else:
-                return
-
-    def _peek(self, skip_space: bool = True) -> str:
-        if skip_space:
-            self._space()
-        return self.text[self.at] if self.at < len(self.text) else ""
-
-    def _where(self) -> str:
-        line = self.text.count("\n", 0, self.at) + 1
-        column = self.at - (self.text.rfind("\n", 0, self.at) + 1) + 1
-        return f"line {line}, column {column}"
-
-    def _error(self, what: str) -> EbnfError:
-        return EbnfError(f"{what} (grammar {self._where()})")

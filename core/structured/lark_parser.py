@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from core.structured.ebnf_parser import MAX_REPEAT, EbnfError
+from core.structured.ebnf_parser import MAX_REPEAT, EbnfError, TextParser
 from core.structured.regex import CharSet, RegexError, pattern_tree
 
 START = "start"
@@ -36,10 +36,10 @@ def _strip_comments(text: str) -> str:
     return re.sub(r"//[^\n]*", "", text)
 
 
-class _LarkParser:
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.at = 0
+class _LarkParser(TextParser):
+    COMMENT = "//"
+    CLOSERS = ("", "|", ")", "]")
+    LABEL = "lark grammar"
 
     def rules(self) -> dict[str, tuple]:
         rules: dict[str, tuple] = {}
@@ -60,24 +60,10 @@ class _LarkParser:
             rules[name] = self._alternatives(top=True)
         return rules
 
-    def _alternatives(self, top: bool = False) -> tuple:
-        options = [self._sequence(top)]
-        while self._peek() == "|":
-            self.at += 1
-            options.append(self._sequence(top))
-        return options[0] if len(options) == 1 else ("alt", options)
-
-    def _sequence(self, top: bool) -> tuple:
-        items = []
-        while True:
-            self._space()
-            c = self._peek()
-            if c in ("", "|", ")", "]") or (top and (c == "%" or self._at_definition())):
-                break
-            items.append(self._quantified(self._primary()))
-        return items[0] if len(items) == 1 else ("seq", items)
-
-    def _at_definition(self) -> bool:
+    def _rule_ends_here(self) -> bool:
+        """A directive, or a `name:` opening its line."""
+        if self.text.startswith("%", self.at):
+            return True
         line_start = self.text.rfind("\n", 0, self.at) + 1
         return not self.text[line_start : self.at].strip() and _NAME.match(self.text, self.at) is not None
 
@@ -181,29 +167,7 @@ class _LarkParser:
             raise self._error(str(e)) from None
         return node
 
-    def _space(self) -> None:
-        while self.at < len(self.text):
-            if self.text[self.at] in " \t\r\n":
-                self.at += 1
-            elif self.text.startswith("//", self.at):
-                end = self.text.find("\n", self.at)
-                self.at = len(self.text) if end < 0 else end + 1
-            else:
-                return
-
     def _peek_on_line(self) -> str:
         while self.at < len(self.text) and self.text[self.at] in " \t":
             self.at += 1
         return self.text[self.at] if self.at < len(self.text) else ""
-
-    def _peek(self) -> str:
-        self._space()
-        return self.text[self.at] if self.at < len(self.text) else ""
-
-    def _where(self) -> str:
-        line = self.text.count("\n", 0, self.at) + 1
-        column = self.at - (self.text.rfind("\n", 0, self.at) + 1) + 1
-        return f"line {line}, column {column}"
-
-    def _error(self, what: str) -> EbnfError:
-        return EbnfError(f"{what} (lark grammar {self._where()})")
