@@ -155,6 +155,8 @@ class Workload:
                                                                                "json_schema": {"schema": {
                                                                                    "type": "string",
                                                                                    "pattern": "(?=a)b"}}}}),
+            ("a left-recursive guided_grammar", COMPLETIONS, {"prompt": "hello", "max_tokens": 4,
+                                                             "guided_grammar": 'root ::= root "x" | "x"'}),
             ("malformed JSON", CHAT, None),
             ("empty body", COMPLETIONS, b""),
         ]
@@ -169,11 +171,19 @@ class Workload:
         return Shot(index, "bad", label, path, raw)
 
 
+# A recursive GBNF grammar (guided_grammar): rule calls pushed and popped on the automaton's stacks.
+_GRAMMAR = '''root ::= "(" root ")" | word (" " word){0,3}
+word ::= [a-z]{1,5}'''
+
+
 def _structured(path: str, rng: random.Random) -> dict[str, Any]:
-    """The fields of a structured output: JSON mode or a small schema, or (completions) a choice."""
+    """The fields of a structured output: JSON mode or a small schema, or (completions) a choice or
+    a grammar."""
     draw = rng.random()
-    if path == COMPLETIONS and draw < 0.4:
+    if path == COMPLETIONS and draw < 0.25:
         return {"guided_choice": list(_WORDS[: rng.randint(2, 6)])}
+    if path == COMPLETIONS and draw < 0.4:
+        return {"guided_grammar": _GRAMMAR}
     if draw < 0.7:
         schema = {"type": "object", "properties": {"word": {"enum": list(_WORDS[:5])}, "note": {
             "type": "string", "maxLength": 12}, "ok": {"type": "boolean"}}, "required": ["word", "ok"]}
