@@ -37,6 +37,7 @@ from benchmarks.lib.datasets import (
 )
 from benchmarks.lib.load_run import LoadRun
 from benchmarks.lib.load_summary import print_table, summarize, write_plots
+from benchmarks.lib.structured_load import KINDS, correctness
 
 # The scheduler reports its counters every 0.2 s; a sample this long after the run includes it all.
 _COUNTERS_SETTLE_S = 0.5
@@ -148,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extra-body", type=json.loads, default=None,
                    help="a JSON object merged into every request body, as vLLM's bench has it, e.g. "
                    "'{\"response_format\": {\"type\": \"json_object\"}}' (http backend)")
+    p.add_argument("--structured", choices=sorted(KINDS), default=None,
+                   help="every request constrained as vLLM's structured-output benchmark does (json, a "
+                   "GBNF grammar, a regex or a choice); the report counts the replies that conform "
+                   "(benchmarks/lib/structured_load.py; http backend)")
     p.add_argument("--temperature", type=float, help="sent with every request (overrides --sampling's)")
     p.add_argument("--top-p", type=float, help="sent with every request")
     p.add_argument("--top-k", type=int, help="sent with every request")
@@ -185,6 +190,8 @@ def sampling_of(args: argparse.Namespace) -> Sampling:
 async def main_async(args: argparse.Namespace) -> dict:
     if args.extra_body is not None and not isinstance(args.extra_body, dict):
         raise SystemExit("--extra-body must be a JSON object")
+    if args.structured:
+        args.extra_body = {**(args.extra_body or {}), **KINDS[args.structured][0]}
     if args.backend == "zmq":
         if args.extra_body:
             raise SystemExit("--extra-body is for the http backend (the native client takes SamplingParams)")
@@ -218,7 +225,10 @@ async def main_async(args: argparse.Namespace) -> dict:
         final = await backend.gauges()
         if final is not None:
             run.gauges.append((time.perf_counter(), final))
-        return summarize(run, duration, args, before, start)
+        result = summarize(run, duration, args, before, start)
+        if args.structured:
+            result["structured"] = correctness(args.structured, [t.text for _, t in run.timings if t.ok])
+        return result
     finally:
         await backend.close()
 

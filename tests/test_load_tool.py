@@ -166,3 +166,16 @@ def test_extra_body_goes_into_every_http_request_and_the_record(system):
         _run(address, "--extra-body", json.dumps(choices), *common)
     with pytest.raises(SystemExit, match="JSON object"):
         load.main(["--backend", "http", "--extra-body", "[1]", *common])
+
+
+@pytest.mark.parametrize("kind, output_len", [("grammar", 40), ("regex", 40), ("choice", 8), ("json", 200)])
+def test_structured_runs_count_the_replies_that_conform(system, kind, output_len):
+    """vLLM's structured-output benchmark's four kinds: every reply (constrained, EOS ignored as the
+    load tool does, so the text is what the grammar allowed) must conform, checked independently."""
+    _, port = system
+    result = load.main(["--backend", "http", "--base-url", f"http://127.0.0.1:{port}", "--structured", kind,
+                        "--dataset", "random", "--num-prompts", "4", "--input-len", "16", "--output-len",
+                        str(output_len), "--max-concurrency", "4", "--no-progress", "--warmup", "0"])
+    assert result["completed"] == 4 and result["extra_body"]
+    structured = result["structured"]
+    assert structured["checked"] == 4 and structured["correct"] == 4, structured["wrong_examples"]

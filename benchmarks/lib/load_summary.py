@@ -164,6 +164,10 @@ def print_table(result: dict) -> None:
     if wait is not None:
         rows.append(("GPU idle between steps", f"{wait['fraction']:.1%} ({wait['wait_s']:.2f} s waiting, "
                                                 f"{wait['execute_s']:.2f} s running steps)"))
+    structured = result.get("structured")
+    if structured is not None:
+        correct = f"{structured['correct']} / {structured['checked']}"
+        rows.append((f"{structured['kind']} outputs correct", correct))
     width = max(len(r[0]) for r in rows)
     print("=" * (width + 24))
     for name, value in rows:
