@@ -72,7 +72,7 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
         if unknown:
             raise invalid("structured_outputs", f"structured_outputs.{unknown[0]} is not supported: this "
                           "server constrains outputs to JSON schemas ('json', 'json_object'), choices "
-                          "('choice'), regular expressions ('regex') and GBNF grammars ('grammar'), with "
+                          "('choice'), regular expressions ('regex') and grammars ('grammar'), with "
                           "or without whitespace "
                           "between JSON tokens ('disable_any_whitespace') and additional properties "
                           "('disable_additional_properties')")
@@ -109,8 +109,8 @@ def parse_structured_output(fields: BodyFields, reasoning: bool, tools: ToolSett
         specs.append((names["regex"], regex_spec(guided["regex"], reasoning)))
     if guided["grammar"] is not None:
         if not isinstance(guided["grammar"], str) or not guided["grammar"].strip():
-            raise invalid(names["grammar"], f"'{names['grammar']}' must be a non-empty string (a GBNF "
-                          f"grammar with a root rule), got {describe(guided['grammar'])}")
+            raise invalid(names["grammar"], f"'{names['grammar']}' must be a non-empty string (a GBNF or "
+                          f"lark grammar), got {describe(guided['grammar'])}")
         specs.append((names["grammar"], grammar_spec(guided["grammar"], reasoning)))
     if tools is not None and tools.forced is not None:
         specs.append(("tool_choice", _tool_spec(tools, reasoning)))

@@ -140,7 +140,7 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
     ({"guided_regex": "a(b"}, "guided_regex", "without its ')'"),
     ({"guided_regex": ""}, "guided_regex", "non-empty string"),
     ({"guided_grammar": "root ::= x"}, "guided_grammar", "rule 'root' uses rule 'x', which is never defined"),
-    ({"guided_grammar": ""}, "guided_grammar", "non-empty string (a GBNF grammar"),
+    ({"guided_grammar": ""}, "guided_grammar", "non-empty string (a GBNF or lark grammar"),
     ({"structured_outputs": {"grammar": 'expr ::= expr "+" "1" | "1"\nroot ::= expr'}},
      "structured_outputs.grammar", "rule 'expr' is left-recursive"),
     ({"structured_outputs": {"grammar": 'root ::= "a" ('}}, "structured_outputs.grammar",

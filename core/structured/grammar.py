@@ -8,7 +8,7 @@ from the API to the executor, which compiles it again (cached by the string):
   {"type": "choice", "choices": ["yes", "no"]}      exactly one of the strings, as plain text
   {"type": "regex", "pattern": "[0-9]{3}-..."}      plain text the pattern matches whole
   {"type": "grammar", "grammar": "root ::= ..."}    plain text a GBNF grammar derives from `root`
-                                                    (core/structured/ebnf.py)
+                                                    (or a lark one from `start`; core/structured/ebnf.py)
   {"type": "tool_calls", "tools": [{"name": ..., "parameters": {...}}], "max_calls": N}
         1..N Qwen3 tool-call blocks, `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
         each naming one of the tools and giving arguments its parameters accept
