@@ -60,12 +60,13 @@ class Rules:
         self._eps: list[list[int]] = []
         self._first: list[int] = []
         self._final: list[int] = []
-        for name in self.names:
+        self._owner: list[int] = []  # each state's rule: a rule's states are built one after another
+        for rule, name in enumerate(self.names):
             first, final = self._build(bodies[name], index)
             self._first.append(first)
             self._final.append(final)
+            self._owner += [rule] * (len(self._edges) - len(self._owner))
         self._finals = frozenset(self._final)
-        self._owner = self._rule_of_states()
         reachable = self._reachable(index[root])
         self.nullable = self._nullable()
         productive = self._productive()
@@ -142,22 +143,6 @@ class Rules:
         return frozenset(seen) & self._live
 
     # --- analysis -----------------------------------------------------------------------------------
-    # A state's edges, epsilons and calls lead only to states of its own rule (a call's target is the
-    # state after it), so what is reachable from a rule's first state is that rule's.
-    def _rule_of_states(self) -> list[int]:
-        owner = [-1] * len(self._edges)
-        for rule, first in enumerate(self._first):
-            owner[first] = rule
-            todo = [first]
-            while todo:
-                s = todo.pop()
-                edges = (to for _, to in self._edges[s])
-                for nxt in [*self._eps[s], *edges, *(to for _, to in self._calls[s])]:
-                    if owner[nxt] < 0:
-                        owner[nxt] = rule
-                        todo.append(nxt)
-        return owner
-
     def _reachable(self, root: int) -> set[int]:
         """The rules `root` may come to call."""
         called_by: dict[int, set[int]] = {}

@@ -72,6 +72,40 @@ class TextParser:
     def _rule_ends_here(self) -> bool:
         raise NotImplementedError
 
+    def _quoted(self) -> str:
+        """A double-quoted string's characters, its escapes read (`_char`); on one line."""
+        self.at += 1
+        chars = []
+        while True:
+            if self.at >= len(self.text) or self.text[self.at] == "\n":
+                raise self._error("a string without its closing '\"'")
+            if self.text[self.at] == '"':
+                self.at += 1
+                return "".join(chars)
+            chars.append(self._char())
+
+    def _char(self) -> str:
+        c = self.text[self.at]
+        self.at += 1
+        if c != "\\":
+            return c
+        if self.at >= len(self.text):
+            raise self._error("a '\\' at the end of the grammar")
+        e = self.text[self.at]
+        self.at += 1
+        if e in _ESCAPES:
+            return _ESCAPES[e]
+        if e in _HEX_DIGITS:
+            digits = self.text[self.at : self.at + _HEX_DIGITS[e]]
+            if len(digits) != _HEX_DIGITS[e] or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise self._error(f"'\\{e}' needs {_HEX_DIGITS[e]} hex digits")
+            self.at += len(digits)
+            value = int(digits, 16)
+            if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
+                raise self._error(f"'\\{e}{digits}' is not a character")
+            return chr(value)
+        raise self._error(f"unknown escape '\\{e}'")
+
     def _space(self) -> None:
         while self.at < len(self.text):
             if self.text[self.at] in " \t\r\n":
@@ -181,17 +215,7 @@ class _Parser(TextParser):
         return ("repeat", item, lo, hi)
 
     def _string(self) -> tuple:
-        self.at += 1
-        chars = []
-        while True:
-            if self.at >= len(self.text) or self.text[self.at] == "\n":
-                raise self._error("a string without its closing '\"'")
-            c = self.text[self.at]
-            if c == '"':
-                self.at += 1
-                break
-            chars.append(self._char())
-        return ("seq", [("set", CharSet(((ord(c), ord(c)),))) for c in chars])
+        return ("seq", [("set", CharSet(((ord(c), ord(c)),))) for c in self._quoted()])
 
     def _class(self) -> CharSet:
         self.at += 1
@@ -214,28 +238,6 @@ class _Parser(TextParser):
                 raise self._error(f"a class range {lo!r}-{hi!r} that runs backwards")
             ranges.append((ord(lo), ord(hi)))
         return CharSet(tuple(ranges), negated)
-
-    def _char(self) -> str:
-        c = self.text[self.at]
-        self.at += 1
-        if c != "\\":
-            return c
-        if self.at >= len(self.text):
-            raise self._error("a '\\' at the end of the grammar")
-        e = self.text[self.at]
-        self.at += 1
-        if e in _ESCAPES:
-            return _ESCAPES[e]
-        if e in _HEX_DIGITS:
-            digits = self.text[self.at : self.at + _HEX_DIGITS[e]]
-            if len(digits) != _HEX_DIGITS[e] or any(d not in "0123456789abcdefABCDEF" for d in digits):
-                raise self._error(f"'\\{e}' needs {_HEX_DIGITS[e]} hex digits")
-            self.at += len(digits)
-            value = int(digits, 16)
-            if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
-                raise self._error(f"'\\{e}{digits}' is not a character")
-            return chr(value)
-        raise self._error(f"unknown escape '\\{e}'")
 
     def _name(self) -> str:
         start = self.at

@@ -2,11 +2,12 @@
 GBNF): text -> {rule name: body} in ebnf_parser.py's AST, `start` the rule an output starts from.
 
 The subset: rules and terminals `name: ...` (a leading `?` or `!` and a `.priority` are accepted and
-change nothing here); alternatives `|`, also at the start of a continued line; strings "..." (with
-the `i` flag: either case); character ranges "a".."z"; regular expressions /.../ (core/structured/
-regex.py's subset, matched whole; no flags); names; groups `( )`; optional `[ ]`; `? * +`; `~ n` and
-`~ n..m`; comments `//` to the end of a line. Directives (`%import`, `%ignore`, `%declare`, ...) are
-refused: `%ignore` lets text stand between any two symbols, which this compiles to nothing.
+change nothing here); alternatives `|`, also at the start of a continued line; strings "..."
+(GBNF's escapes; with the `i` flag: either case); character ranges "a".."z"; regular expressions
+/.../ (core/structured/regex.py's subset, matched whole; no flags); names; groups `( )`; optional
+`[ ]`; `? * +`; `~ n` and `~ n..m`; comments `//` to the end of a line. Directives (`%import`,
+`%ignore`, `%declare`, ...) are refused: `%ignore` lets text stand between any two symbols, which
+this compiles to nothing.
 Errors name the line and column.
 """
 
@@ -20,7 +21,9 @@ from core.structured.regex import CharSet, RegexError, pattern_tree
 START = "start"
 _NAME = re.compile(r"[?!]?([A-Za-z_][A-Za-z0-9_]*)(\.-?\d+)?\s*:(?!:)")
 _DEFINITION = re.compile(r"^[ \t]*[?!]?[A-Za-z_][A-Za-z0-9_]*(\.-?\d+)?[ \t]*:(?![:=])", re.MULTILINE)
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"'}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_COUNT = re.compile(r"(\d+)(?:\.\.(\d+))?")
+_FLAGS = re.compile(r"[a-z]*")
 
 
 def looks_like_lark(text: str) -> bool:
@@ -81,7 +84,7 @@ class _LarkParser(TextParser):
                 raise self._error(f"a group {c!r} without its {close!r}")
             self.at += 1
             return body if c == "(" else ("repeat", body, 0, 1)
-        found = re.compile(r"[A-Za-z_][A-Za-z0-9_]*").match(self.text, self.at)
+        found = _IDENTIFIER.match(self.text, self.at)
         if found:
             self.at = found.end()
             return ("call", found.group())
@@ -97,7 +100,7 @@ class _LarkParser(TextParser):
             elif c == "~":
                 self.at += 1
                 self._space()
-                found = re.compile(r"(\d+)(?:\.\.(\d+))?").match(self.text, self.at)
+                found = _COUNT.match(self.text, self.at)
                 if not found:
                     raise self._error("'~' needs a count: ~ n or ~ n..m")
                 self.at = found.end()
@@ -110,13 +113,13 @@ class _LarkParser(TextParser):
                 return item
 
     def _string(self) -> tuple:
-        first = self._literal()
+        first = self._quoted()
         if self.text.startswith("..", self.at):  # "a".."z": a range of characters
             self.at += 2
             self._space()
             if self._peek() != '"':
                 raise self._error('a range ".." needs a second string')
-            last = self._literal()
+            last = self._quoted()
             if len(first) != 1 or len(last) != 1 or ord(last) < ord(first):
                 raise self._error(f'a range "{first}".."{last}" must join two single characters in order')
             return ("set", CharSet(((ord(first), ord(last)),)))
@@ -129,24 +132,6 @@ class _LarkParser(TextParser):
             sets.append(("set", CharSet(tuple((ord(x), ord(x)) for x in sorted(cases)))))
         return ("seq", sets)
 
-    def _literal(self) -> str:
-        self.at += 1
-        chars = []
-        while True:
-            if self.at >= len(self.text) or self.text[self.at] == "\n":
-                raise self._error("a string without its closing '\"'")
-            c = self.text[self.at]
-            self.at += 1
-            if c == '"':
-                return "".join(chars)
-            if c == "\\":
-                e = self.text[self.at : self.at + 1]
-                if e not in _ESCAPES:
-                    raise self._error(f"unknown escape '\\{e}'")
-                self.at += 1
-                c = _ESCAPES[e]
-            chars.append(c)
-
     def _regex(self) -> tuple:
         start = self.at + 1
         at = start
@@ -158,7 +143,7 @@ class _LarkParser(TextParser):
             raise self._error("a regular expression /.../ without its closing '/'")
         pattern = self.text[start:at]
         self.at = at + 1
-        flags = re.compile(r"[a-z]*").match(self.text, self.at).group()
+        flags = _FLAGS.match(self.text, self.at).group()
         if flags:
             raise self._error(f"regular expression flags {flags!r} are not supported")
         try:
