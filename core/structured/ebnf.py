@@ -30,17 +30,18 @@ from __future__ import annotations
 
 from core.structured.ebnf_parser import EbnfError, called_rules, parse_rules
 from core.structured.lark_parser import START, looks_like_lark, parse_lark_rules
-from core.structured.regex import CharSet
+from core.structured.thompson import ThompsonNfa
 
-MAX_STATES = 20_000  # NFA states all rules may expand to ({n,m} copies its operand)
 MAX_GRAMMAR_BYTES = 64 * 1024
+MAX_STATES = 20_000  # NFA states all rules may expand to ({n,m} copies its operand)
 ROOT = "root"
 _NEVER = 1 << 30  # frames needed where the end cannot be reached
 
 
-class Rules:
+class Rules(ThompsonNfa):
     """Compiled rules: `start` (the root's initial states), `step(states, code_point)`,
     `can_take(states, lo, hi)`, `calls(states)`, `accepts(states)` and `is_end(states)`."""
+
 
     def __init__(self, text: str) -> None:
         if len(text.encode()) > MAX_GRAMMAR_BYTES:
@@ -53,21 +54,20 @@ class Rules:
             for called in called_rules(body):
                 if called not in bodies:
                     raise EbnfError(f"rule '{name}' uses rule '{called}', which is never defined")
+        super().__init__(MAX_STATES)
         self.names = list(bodies)
-        index = {name: i for i, name in enumerate(self.names)}
-        self._edges: list[list[tuple[CharSet, int]]] = []
+        self._index = {name: i for i, name in enumerate(self.names)}
         self._calls: list[list[tuple[int, int]]] = []  # (rule, state after the call)
-        self._eps: list[list[int]] = []
         self._first: list[int] = []
         self._final: list[int] = []
         self._owner: list[int] = []  # each state's rule: a rule's states are built one after another
         for rule, name in enumerate(self.names):
-            first, final = self._build(bodies[name], index)
+            first, final = self._build(bodies[name])
             self._first.append(first)
             self._final.append(final)
             self._owner += [rule] * (len(self._edges) - len(self._owner))
         self._finals = frozenset(self._final)
-        reachable = self._reachable(index[root])
+        reachable = self._reachable(self._index[root])
         self.nullable = self._nullable()
         productive = self._productive()
         for rule in sorted(reachable):
@@ -79,7 +79,7 @@ class Rules:
         self._need = self._frames_needed()
         self._memo: dict[tuple[frozenset, int], frozenset] = {}
         self._calls_memo: dict[frozenset, tuple[tuple[frozenset, frozenset], ...]] = {}
-        self.start = self.closure({self._first[index[root]]})
+        self.start = self.closure({self._first[self._index[root]]})
         if not self.start:
             raise EbnfError(f"rule '{root}' matches no text")
 
@@ -250,49 +250,15 @@ class Rules:
                         path[called] = [*path[at], called]
                         todo.append(called)
 
-    # --- Thompson construction ----------------------------------------------------------------------
-    def _state(self) -> int:
-        if len(self._edges) >= MAX_STATES:
-            raise EbnfError(f"the grammar expands to more than {MAX_STATES} states")
-        self._edges.append([])
-        self._calls.append([])
-        self._eps.append([])
-        return len(self._edges) - 1
+    # --- Thompson construction (regex.ThompsonNfa), with the rule calls ----------------------------
+    def _too_many(self) -> ValueError:
+        return EbnfError(f"the grammar expands to more than {MAX_STATES} states")
 
-    def _build(self, node: tuple, index: dict[str, int]) -> tuple[int, int]:
-        kind = node[0]
-        start, end = self._state(), self._state()
-        if kind == "set":
-            self._edges[start].append((node[1], end))
-        elif kind == "call":
-            self._calls[start].append((index[node[1]], end))
-        elif kind == "seq":
-            at = start
-            for item in node[1]:
-                first, last = self._build(item, index)
-                self._eps[at].append(first)
-                at = last
-            self._eps[at].append(end)
-        elif kind == "alt":
-            for option in node[1]:
-                first, last = self._build(option, index)
-                self._eps[start].append(first)
-                self._eps[last].append(end)
-        else:  # ("repeat", item, low, high); high -1: unbounded
-            _, item, low, high = node
-            at = start
-            for _ in range(low):
-                first, last = self._build(item, index)
-                self._eps[at].append(first)
-                at = last
-            if high < 0:
-                first, last = self._build(item, index)
-                self._eps[at] += [first, end]
-                self._eps[last] += [first, end]
-            else:
-                for _ in range(high - low):
-                    first, last = self._build(item, index)
-                    self._eps[at] += [first, end]
-                    at = last
-            self._eps[at].append(end)
-        return start, end
+    def _state(self) -> int:
+        state = super()._state()
+        self._calls.append([])
+        return state
+
+    def _build_other(self, node: tuple, start: int, end: int) -> None:
+        assert node[0] == "call", node
+        self._calls[start].append((self._index[node[1]], end))

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from core.structured.thompson import ThompsonNfa
+
 MAX_STATES = 4096  # NFA states one pattern may expand to ({n,m} copies its operand)
 _MAX_CODE_POINT = 0x10FFFF
 _DIGIT = ((0x30, 0x39),)
@@ -79,7 +81,7 @@ ANY = CharSet(((0x0A, 0x0A),), negated=True)
 EVERYTHING = CharSet((), negated=True)
 
 
-class Regex:
+class Regex(ThompsonNfa):
     """A compiled pattern: `initial`, `step(states, code_point)`, `accepts(states)`, `can_take`.
 
     `json`: the pattern constrains a JSON string's content, which here holds no escapes, so a
@@ -88,10 +90,9 @@ class Regex:
     match is the whole text even without `^` and `$` (vLLM's guided_regex)."""
 
     def __init__(self, pattern: str, json: bool, whole: bool = False) -> None:
+        super().__init__(MAX_STATES)
         self.pattern = pattern
         self.json = json
-        self._edges: list[list[tuple[CharSet, int]]] = []
-        self._eps: list[list[int]] = []
         parser = _Parser(pattern)
         ast, anchored_start, anchored_end = parser.parse()
         if not anchored_start and not whole:
@@ -123,6 +124,9 @@ class Regex:
     def accepts(self, states: frozenset) -> bool:
         return self._final in states
 
+    def _too_many(self) -> ValueError:
+        return RegexError(f"the pattern expands to more than {MAX_STATES} states")
+
     def can_take(self, states: frozenset, lo: int, hi: int) -> bool:
         """Whether some code point in lo..hi (a UTF-8 character begun, not finished) goes on."""
         return any(to in self._live and charset.meets(lo, hi, self.json)
@@ -143,50 +147,6 @@ class Regex:
                     live.add(s)
                     changed = True
         return frozenset(live)
-
-    # --- Thompson construction ----------------------------------------------------------------------
-    def _state(self) -> int:
-        if len(self._edges) >= MAX_STATES:
-            raise RegexError(f"the pattern expands to more than {MAX_STATES} states")
-        self._edges.append([])
-        self._eps.append([])
-        return len(self._edges) - 1
-
-    def _build(self, node: tuple) -> tuple[int, int]:
-        kind = node[0]
-        start, end = self._state(), self._state()
-        if kind == "set":
-            self._edges[start].append((node[1], end))
-        elif kind == "seq":
-            at = start
-            for item in node[1]:
-                first, last = self._build(item)
-                self._eps[at].append(first)
-                at = last
-            self._eps[at].append(end)
-        elif kind == "alt":
-            for option in node[1]:
-                first, last = self._build(option)
-                self._eps[start].append(first)
-                self._eps[last].append(end)
-        else:  # ("repeat", item, low, high); high -1: unbounded
-            _, item, low, high = node
-            at = start
-            for _ in range(low):
-                first, last = self._build(item)
-                self._eps[at].append(first)
-                at = last
-            if high < 0:
-                first, last = self._build(item)
-                self._eps[at] += [first, end]
-                self._eps[last] += [first, end]
-            else:
-                for _ in range(high - low):
-                    first, last = self._build(item)
-                    self._eps[at] += [first, end]
-                    at = last
-            self._eps[at].append(end)
-        return start, end
 
     def _closure(self, states: set[int]) -> frozenset:
         seen, todo = set(states), list(states)
