@@ -13,7 +13,9 @@ For each decode batch (every request one new token at `--context` tokens of cont
             sampler alone on the step's logits (its graph where the step can use it, CUDA-event
             median; the eager sampler beside it), its share of graph + sampler, and execute again.
 Plus one prefill of `--prefill-len` tokens (the TTFT's GPU share at concurrency 1) with the same
-breakdown. The floor is every weight byte read once at the device's measured read rate
+breakdown, and laid on a timeline (benchmarks/lib/kernel_timeline.py: the host's lead before the first
+kernel, the idle gaps between kernels and what the host was doing then; `--trace` keeps the profiler
+trace). The floor is every weight byte read once at the device's measured read rate
 (benchmarks/lib/ceilings.py: 4.3 TB/s on an H200, 3.0 on an H100).
 
 Under programmatic dependent launch (core/execution/dependent_launch.py, on from sm_90) a kernel's
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 
 from benchmarks.lib.ceilings import read_ceiling
+from benchmarks.lib.kernel_timeline import format_timeline, profile_timeline
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from core.execution.dependent_launch import dependent_launch
 from core.execution.runner import ModelRunner
@@ -186,10 +189,11 @@ def profile_decode(runner: ModelRunner, plan: StepPlan, repeats: int) -> dict:
     return row
 
 
-def profile_prefill(runner: ModelRunner, plan: StepPlan, weight_bytes: int) -> dict:
+def profile_prefill(runner: ModelRunner, plan: StepPlan, weight_bytes: int, trace_path: str | None) -> dict:
     prefill = {"tokens": plan.num_tokens, "execute_ms": wall_ms(lambda: runner.execute(plan), 5)}
     prefill["kernels_ms"], prefill["num_kernels"], prefill["top"] = kernel_breakdown(
         lambda: runner.execute(plan))
+    prefill["timeline"] = profile_timeline(lambda: runner.execute(plan), trace_path)
     flops = 2 * (weight_bytes / 2) * plan.num_tokens  # bf16: parameters = bytes / 2
     prefill["tflop_s"] = flops / (prefill["execute_ms"] * 1e-3) / 1e12
     return prefill
@@ -216,18 +220,21 @@ def memory_breakdown(runner: ModelRunner) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-14b")
-    parser.add_argument("--batches", default="1,64,256", help="decode batch sizes (comma-separated)")
+    parser.add_argument("--batches", default="1,64,256",
+                        help="decode batch sizes (comma-separated; empty: the prefill alone)")
     parser.add_argument("--context", type=int, default=2048, help="tokens of context per decode request")
     parser.add_argument("--prefill-len", type=int, default=1784)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--quantization", choices=["fp8"], default=None,
                         help="quantize the weights at load, as cadence serve --quantization does")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument("--trace", default=None,
+                        help="write the prefill's profiler trace here (Chrome format, gzipped: name.json.gz)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.step_profile needs a CUDA GPU")
 
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
     block_size = 16
     pages_per_req = -(-(args.context + 1) // block_size)
     model = ModelConfig.from_name(args.model)
@@ -235,11 +242,11 @@ def main() -> None:
         model = model.quantized_at_load(args.quantization)
     config = EngineConfig(
         model=model, cache=CacheConfig(block_size=block_size),
-        scheduler=SchedulerConfig(max_num_seqs=max(batches), max_num_batched_tokens=8192,
+        scheduler=SchedulerConfig(max_num_seqs=max(batches, default=1), max_num_batched_tokens=8192,
                                   max_model_len=max(args.context, args.prefill_len) + 16),
         device="cuda",
     )
-    num_pages = max(max(batches) * pages_per_req, -(-args.prefill_len // block_size))
+    num_pages = max(max(batches, default=0) * pages_per_req, -(-args.prefill_len // block_size))
     runner = ModelRunner(config, num_pages=num_pages)
     memory = memory_breakdown(runner)  # KV cache and graphs already allocated: count from here
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
@@ -256,7 +263,8 @@ def main() -> None:
     for batch in batches:
         plan = decode_plan(batch, args.context, block_size, pages_per_req, rng)
         report["decode"].append(profile_decode(runner, plan, args.repeats))
-    report["prefill"] = profile_prefill(runner, prefill_plan(args.prefill_len, block_size, rng), weight_bytes)
+    report["prefill"] = profile_prefill(runner, prefill_plan(args.prefill_len, block_size, rng), weight_bytes,
+                                        args.trace)
 
     print(f"\n{report['device']}, {args.model}: weights {report['weight_gb']:.2f} GB, "
           f"read-once floor {floor_ms:.2f} ms per decode step (at {ceiling_tb_s} TB/s, {ceiling_of})")
@@ -282,6 +290,9 @@ def main() -> None:
     print(f"\nprefill {args.prefill_len} tokens: execute {prefill['execute_ms']:.1f} ms "
           f"({prefill['tflop_s']:.0f} TFLOP/s of weight products), "
           + ", ".join(f"{c} {k.get(c, 0.0):.1f}" for c in cats))
+    for name, ms in prefill["top"]:
+        print(f"  {ms:7.3f} ms  {name}")
+    print(format_timeline(f"prefill {args.prefill_len} tokens on the timeline", prefill["timeline"]))
     print(f"\nmemory: {memory['allocated_before_kv_gib']:.2f} GiB allocated (weights, this KV pool, graphs); "
           f"the {config.scheduler.max_num_batched_tokens}-token warm-up step peaks "
           f"{memory['step_peak_above_weights_gib']:.2f} GiB above that; top allocators:")

@@ -60,6 +60,39 @@ def test_strings_take_escapes_and_whole_utf8_characters_only(text, expected):
     assert verdict(json_schema_spec({"type": "string"}), text) == expected
 
 
+def test_strings_take_exactly_the_utf8_that_decodes():
+    """Every lead byte with every first continuation byte: the string takes the pair where some
+    character begins so (no overlong forms, no surrogates, nothing above U+10FFFF), and each such
+    beginning can be finished; whole characters at the range edges are taken or refused as
+    Python's decoder does."""
+    grammar = compile_spec(json_schema_spec({"type": "string"}))
+    automaton = grammar.automaton
+    opened = automaton.advance_bytes(grammar.initial, b'"')
+    for lead in range(0xC0, 0x100):
+        need = 2 if lead <= 0xDF else 3 if lead <= 0xEF else 4
+        for second in range(0x80, 0xC0):
+            head = bytes((lead, second))
+            valid = any(_decodes(head + b"\x80" * (need - 3) + bytes((last,)))
+                        for last in (0x80, 0xBF)) if need > 2 else _decodes(head)
+            state = automaton.advance_bytes(opened, head)
+            assert bool(state) == valid, head.hex()
+            if valid and need > 2:
+                assert automaton.advance_bytes(state, b"\x80" * (need - 2) + b'"'), head.hex()
+    for char in (b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xee\x80\x80", b"\xf0\x90\x80\x80",
+                 b"\xf4\x8f\xbf\xbf", b"\xe0\x9f\xbf", b"\xed\xa0\x80", b"\xf0\x8f\xbf\xbf",
+                 b"\xf4\x90\x80\x80", b"\xc0\xaf", b"\xc1\xbf", b"\xf5\x80\x80\x80"):
+        assert (verdict(json_schema_spec({"type": "string"}), b'"' + char + b'"') == "complete") \
+            == _decodes(char), char.hex()
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def test_string_lengths_count_characters_and_escapes_once():
     spec = json_schema_spec({"type": "string", "minLength": 2, "maxLength": 3})
     assert verdict(spec, '"ab"') == "complete"

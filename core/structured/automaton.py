@@ -14,8 +14,9 @@ What a frame accepts:
          values match `additionalProperties` (any JSON when it is absent or true)
   KEY    the quoted name of one of the properties that may come next
   ARRAY  `[`, items, `,`, `]` within minItems..maxItems
-  STRING a string's content after its opening quote: escapes, valid UTF-8 (no overlong checks),
-         no control bytes, minLength..maxLength characters where the schema bounds them
+  STRING a string's content after its opening quote: escapes, valid UTF-8 (no overlong forms, no
+         surrogates, nothing above U+10FFFF), no control bytes, minLength..maxLength characters where
+         the schema bounds them
   NUMBER a JSON number (an integer: no fraction, no exponent); it ends at the first byte that
          cannot extend it, which the frame below then reads
   LITERAL one of a few byte strings (true, false, null, enum and const values, tool-call tags)
@@ -65,6 +66,9 @@ WHITESPACE = frozenset(b" \t\n")
 _DIGITS = frozenset(b"0123456789")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _ESCAPES = frozenset(b'"\\/bfnrt')
+# Leads whose first continuation byte is narrower than 0x80-0xBF: E0 and F0 (no overlong forms),
+# ED (no surrogates, U+D800-DFFF), F4 (nothing above U+10FFFF).
+_FIRST_CONTINUATION = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
 
 
 class Node(NamedTuple):
@@ -253,8 +257,9 @@ class Automaton:
 
     def _string(self, rest: Stack, top: tuple, c: int) -> list[Stack]:
         _, index, length, pending, escape = top
-        if pending:  # inside a multi-byte UTF-8 character
-            return [rest + ((STRING, index, length, pending - 1, 0),)] if 0x80 <= c <= 0xBF else []
+        if pending:  # inside a multi-byte UTF-8 character; `escape` holds a lead that narrows the next byte
+            lo, hi = _FIRST_CONTINUATION.get(escape, (0x80, 0xBF))
+            return [rest + ((STRING, index, length, pending - 1, 0),)] if lo <= c <= hi else []
         if escape == 1:  # after a backslash
             if c == 0x75:  # \uXXXX
                 return [rest + ((STRING, index, length, 0, 14),)]
@@ -273,16 +278,17 @@ class Automaton:
         if c < 0x80:
             return self._grow(rest, index, length, 0)
         more = 1 if 0xC2 <= c <= 0xDF else 2 if 0xE0 <= c <= 0xEF else 3 if 0xF0 <= c <= 0xF4 else 0
-        return self._grow(rest, index, length, more) if more else []
+        return self._grow(rest, index, length, more, c if c in _FIRST_CONTINUATION else 0) if more else []
 
-    def _grow(self, rest: Stack, index: int, length: int, pending: int) -> list[Stack]:
-        """One more character in a string (its first byte read, `pending` continuation bytes to come)."""
+    def _grow(self, rest: Stack, index: int, length: int, pending: int, lead: int = 0) -> list[Stack]:
+        """One more character in a string (its first byte read, `pending` continuation bytes to come;
+        `lead`, where it narrows the first of them, kept in the frame's escape slot until then)."""
         if index < 0 or not self.nodes[index].tracks_length:
-            return [rest + ((STRING, index, 0, pending, 0),)]
+            return [rest + ((STRING, index, 0, pending, lead),)]
         high = self.nodes[index].high
         if high >= 0 and length + 1 > high:
             return []
-        return [rest + ((STRING, index, length + 1, pending, 0),)]
+        return [rest + ((STRING, index, length + 1, pending, lead),)]
 
     def _room(self, rest: Stack, index: int, length: int, frame: tuple) -> list[Stack]:
         """`frame` if the string may hold one more character."""
