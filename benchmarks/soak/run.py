@@ -2,8 +2,9 @@
 
     python -m benchmarks.soak --num-requests 20000 --concurrency 64 --server-arg=--dp --server-arg=2
 
-It starts `python -m api serve --model qwen3-tiny --device cpu --max-model-len 1024` (plus every
---server-arg) on a free port, logging to --server-log, or soaks a running one at --base-url. Over
+It starts `python -m api serve --model qwen3-tiny --device cpu --max-model-len 1024` (--model and
+--device change those; plus every --server-arg) on a free port, logging to --server-log, or soaks a
+running one at --base-url. Over
 HTTP it sends completions and chats, streamed and whole, prompts of a few to ~600 tokens (a quarter
 behind long shared prefixes, for the prefix cache), greedy and sampled (Qwen's 0.6 / 0.95, some
 seeded), some n=2, some with stop strings. Of the requests 10 % are streams the client drops after
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=30.0,
                    help="seconds to wait for the engine to go idle after the last call (default %(default)s)")
     p.add_argument("--model", default="qwen3-tiny", help="the server's --model (default %(default)s)")
+    p.add_argument("--device", default="cpu", help="the server's --device (default %(default)s)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="one more argument for `api serve` (repeat; --server-arg=--dp --server-arg=2)")
     p.add_argument("--server-log", default=None,
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     server = None
     if args.base_url is None:
         log = args.server_log or f"/tmp/cadence-soak-{os.getpid()}.log"
-        server = ServerUnderTest(args.model, args.server_arg, log, args.startup_timeout)
+        server = ServerUnderTest(args.model, args.server_arg, log, args.startup_timeout, args.device)
     try:
         if server is not None:
             server.start()

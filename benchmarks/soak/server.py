@@ -51,10 +51,11 @@ def rss_snapshot(root: int) -> dict[str, dict[str, Any]]:
 class ServerUnderTest:
     """`python -m api serve` as a subprocess: start, wait for /health, stop, and what it left."""
 
-    def __init__(self, model: str, extra: list[str], log_path: str, startup_timeout_s: float) -> None:
+    def __init__(self, model: str, extra: list[str], log_path: str, startup_timeout_s: float,
+                 device: str = "cpu") -> None:
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-m", "api", "serve", "--model", model, "--device", "cpu", "--port",
+        self.command = [sys.executable, "-m", "api", "serve", "--model", model, "--device", device, "--port",
                         str(self.port), "--max-model-len", str(MAX_MODEL_LEN), *extra]
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
