@@ -107,6 +107,7 @@ def summarize(
                 "output_tokens": t.output_tokens,
                 "cached_tokens": t.cached_tokens,
                 "sent_s": t.sent_s - run_start_s,
+                "sent_monotonic_s": t.sent_s,  # CLOCK_MONOTONIC on Linux: the server's step trace's clock
                 "ttft_ms": (t.chunk_s[0] - t.sent_s) * 1e3 if t.chunk_s else None,
                 "e2e_ms": (t.done_s - t.sent_s) * 1e3 if t.done_s else None,
                 "error": t.error,
