@@ -156,10 +156,12 @@ def relative_error(step: Step, out: torch.Tensor) -> float:
 
 
 def attention_row(kernel: str, case: str, step: Step, backend: TritonAttention) -> Row:
-    # The step's K/V go into the pages once; the timed calls only attend.
+    # The step's K/V go into the pages once; the timed calls only attend (a step of fresh prompts
+    # reading its own K/V rows, as the server's forward does).
     write_kv_paged(step.k, step.v, step.k_cache, step.v_cache, step.meta.kv_index)
-    error = relative_error(step, backend.attend(step.q, step.k_cache, step.v_cache, step.meta, SCALE))
-    attend = lambda: backend.attend(step.q, step.k_cache, step.v_cache, step.meta, SCALE)  # noqa: E731
+    step_kv = (step.k, step.v)
+    attend = lambda: backend.attend(step.q, step.k_cache, step.v_cache, step.meta, SCALE, step_kv)  # noqa: E731
+    error = relative_error(step, attend())
     reference = ReferenceAttention()
     reference_us = median_us(lambda: reference.forward(step.q, step.k, step.v, step.k_cache, step.v_cache,
                                                        step.meta, SCALE))

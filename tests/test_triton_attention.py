@@ -248,6 +248,27 @@ def test_mixed_step_equals_reference(block_size, dtype):
     assert_close_to_reference(step, *run_triton(step), reference_output(step))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fresh_prefills_read_the_steps_own_keys_and_equal_the_paged_path(dtype):
+    """A step whose extending requests have no cached prefix (decodes beside them) reads the keys
+    from its own K/V rows, not the pages: the reference's output, and the paged path's bit for bit,
+    with V a strided view as the model's qkv split gives it."""
+    requests = [(0, 37), (0, 2), (16, 1), (0, 70), (5, 1)]
+    step = build_step(requests, 16, 4, 2, dtype, seed=11)
+    qkv = torch.cat([step.q.flatten(1), step.k.flatten(1), step.v.flatten(1)], dim=1)
+    v_view = qkv[:, -step.v[0].numel():].view(step.v.shape)  # row stride q + k + v, as in the model
+    backend = TritonAttention("cpu")
+    k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+    out = backend.forward(step.q, step.k, v_view, k_cache, v_cache, step.meta, HEAD_DIM**-0.5)
+    assert backend.launch_state().fresh
+    assert_close_to_reference(step, out, k_cache, v_cache, reference_output(step))
+    paged = backend.attend(step.q, k_cache, v_cache, step.meta, HEAD_DIM**-0.5)
+    torch.testing.assert_close(out, paged, rtol=0, atol=0)
+    cached = build_step([(3, 37), (0, 2)], 16, 4, 2, dtype, seed=11)
+    run_triton(cached, backend)
+    assert not backend.launch_state().fresh  # a chunk after a cached prefix reads the pages
+
+
 def test_half_precision_tiles_follow_chunk_and_context_length():
     assert extend_tiles(torch.float16, 64, 4000) == ExtendTiles(64, 64, 4, 2)
     assert extend_tiles(torch.bfloat16, 65, 512) == ExtendTiles(64, 32, 4, 2)

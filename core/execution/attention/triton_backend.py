@@ -2,7 +2,8 @@
 
 Each layer's forward writes the step's K/V into the pages in one launch (triton_kv_write.py), then
 attends: requests with one query token go to the split-KV decode kernel (triton_decode.py), the
-others to the causal extend kernel (triton_extend.py). A decode-only step launches no extend kernel
+others to the causal extend kernel (triton_extend.py), which reads a step of fresh prompts' keys from
+the step's own K/V rows rather than the pages. A decode-only step launches no extend kernel
 and a prefill-only step no decode kernel. Outputs equal ReferenceAttention's within rounding.
 
 What depends only on the step (which requests decode, how to split their contexts, the extend
@@ -51,6 +52,7 @@ class _StepLaunch:
     partial_lse: torch.Tensor | None  # float32 [B, q_heads, num_splits]
     tiles: ExtendTiles | None  # None: no request has two or more queries
     work: torch.Tensor | None  # int32 [2, num_tiles] on the device
+    fresh: bool = False  # every extending request has no cached prefix: its keys are the step's own
 
 
 class TritonAttention(AttentionBackend):
@@ -69,15 +71,17 @@ class TritonAttention(AttentionBackend):
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv_paged(k, v, k_cache, v_cache, meta.kv_index)
-        return self.attend(q, k_cache, v_cache, meta, scale)
+        return self.attend(q, k_cache, v_cache, meta, scale, step_kv=(k, v))
 
     def launch_state(self) -> _StepLaunch | None:
         """The last step's launch, whose split scratch buffers (partial_out, partial_lse) a graph writes."""
         return self._step
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-               scale: float) -> torch.Tensor:
-        """Attention of every query over its request's pages (K/V already written): [T, q_heads, head_dim]."""
+               scale: float, step_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Attention of every query over its request's pages (K/V already written): [T, q_heads, head_dim].
+        `step_kv`: the step's own (k, v), which the extend kernel reads instead of the pages when no
+        extending request has a cached prefix and the cache holds them unrounded (its dtype is q's)."""
         if q.stride(-1) != 1:
             q = q.contiguous()
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -88,8 +92,9 @@ class TritonAttention(AttentionBackend):
             decode_attention(q, k_cache, v_cache, out, meta.block_table, meta.seq_lens, meta.query_start,
                              scale, step.splits, step.partial_out, step.partial_lse)
         if step.tiles is not None:
+            fresh_kv = step_kv if step.fresh and k_cache.dtype == q.dtype else None
             extend_attention(q, k_cache, v_cache, out, meta.block_table, meta.seq_lens, meta.query_start,
-                             scale, step.work, step.tiles)
+                             scale, step.work, step.tiles, fresh_kv)
         return out
 
     def _launch_for(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -123,6 +128,7 @@ class TritonAttention(AttentionBackend):
                                           dtype=torch.float32, device=q.device)
         tiles = work = None
         extends = query_lens >= 2
+        fresh = bool(extends.any()) and bool((meta.seq_lens_cpu[extends] == query_lens[extends]).all())
         if extends.any():
             longest_keys = int(meta.seq_lens_cpu[extends].max())
             tiles = extend_tiles(q.dtype, int(query_lens.max()), longest_keys)
@@ -134,7 +140,7 @@ class TritonAttention(AttentionBackend):
             if q.device.type == "cuda":
                 work = work.pin_memory()  # so the copy below is truly asynchronous
             work = work.to(q.device, non_blocking=True)
-        return _StepLaunch(meta, shape_key, splits, partial_out, partial_lse, tiles, work)
+        return _StepLaunch(meta, shape_key, splits, partial_out, partial_lse, tiles, work, fresh)
 
 
     def _plan_graph_step(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata,

@@ -43,6 +43,17 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, table_row_ptr, head_offset, toks, tok
 
 
 @triton.jit
+def load_rows_tile(k_ptr, v_ptr, rows, row_mask, head, dims, dim_mask,
+                   stride_k_row, stride_k_head, stride_v_row, stride_v_head):
+    """K and V of rows `rows` ([BLOCK_N]) of one KV head read from [T, kv_heads, head_dim] tensors
+    (the step's own keys, not the pages): two [BLOCK_N, BLOCK_D] tiles, 0 where masked."""
+    mask = row_mask[:, None] & dim_mask[None, :]
+    k_offsets = rows[:, None] * stride_k_row + head * stride_k_head + dims[None, :]
+    v_offsets = rows[:, None] * stride_v_row + head * stride_v_head + dims[None, :]
+    return tl.load(k_ptr + k_offsets, mask=mask, other=0.0), tl.load(v_ptr + v_offsets, mask=mask, other=0.0)
+
+
+@triton.jit
 def as_compute_dtype(k, v, q):
     """K and V tiles in q's dtype: an fp8 cache's values (scale 1) widened; otherwise no-ops."""
     return k.to(q.dtype), v.to(q.dtype)
