@@ -86,12 +86,15 @@ def _quantize_groups_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm,
 
 
 def quantize_activations(x: torch.Tensor, column_major_scales: bool = False, rows: int | None = None,
-                         silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         silu_mul: bool = False, groups_per_program: int | None = None,
+                         num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (rows may be strided) -> (fp8 [R, K], float32 scales [R, ceil(K / 128)]), R = `rows`
     (default M; more pads with quantized zeros, which a GEMM with a minimum row count wants).
     `column_major_scales` stores the scales with stride (1, R), the layout torch's scaled_mm wants.
     `silu_mul`: x is [M, 2K], gate then up (the gate/up projection's output), and what is quantized
-    is SiLU(gate) * up (`fused.silu_mul`'s values exactly), without writing it out first."""
+    is SiLU(gate) * up (`fused.silu_mul`'s values exactly), without writing it out first.
+    `groups_per_program` (groups of 128 columns a program) and `num_warps` shape the launch
+    (`python -m benchmarks.fp8_activations --sweep`); the values do not depend on them."""
     m, k = x.shape
     if silu_mul:
         assert k % 2 == 0, f"gate and up need equal widths, got {k} columns"
@@ -105,12 +108,13 @@ def quantize_activations(x: torch.Tensor, column_major_scales: bool = False, row
         scales = torch.empty((num_groups, rows), dtype=torch.float32, device=x.device).t()
     else:
         scales = torch.empty((rows, num_groups), dtype=torch.float32, device=x.device)
-    groups_per_program = min(8, triton.next_power_of_2(num_groups))
+    groups_per_program = groups_per_program or min(8, triton.next_power_of_2(num_groups))
     grid = (rows, triton.cdiv(num_groups, groups_per_program))
     pdl = dependent_launch(x.device)
     _quantize_groups_kernel[grid](x, q, scales, m, k, x.stride(0), q.stride(0), scales.stride(0),
                                   scales.stride(1), GROUPS=groups_per_program, GROUP=BLOCK, FP8_MAX_=FP8_MAX,
-                                  MIN_AMAX_=MIN_AMAX, SILU_MUL=silu_mul, PDL=pdl, **launch_options(pdl),
+                                  MIN_AMAX_=MIN_AMAX, SILU_MUL=silu_mul, PDL=pdl, num_warps=num_warps,
+                                  **launch_options(pdl),
                                   # no FMA contraction: SiLU * up rounds where fused.silu_mul's kernel does
                                   enable_fp_fusion=not silu_mul)
     return q, scales
