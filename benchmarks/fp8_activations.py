@@ -67,8 +67,8 @@ def sweep(row_counts: list[int], hidden: int, columns: int) -> None:
             moved = x.numel() * 2 + rows * width + rows * -(-width // 128) * 4
             expected = quantize_activations(x, True, rows, silu_mul=silu)
             results = []
-            for groups in (1, 2, 4, 8, 16):
-                for warps in (1, 2, 4, 8):
+            for groups in (2, 4, 8, 16):
+                for warps in (2, 4, 8):
                     def quantize(x=x, rows=rows, silu=silu, groups=groups, warps=warps):
                         return quantize_activations(x, True, rows, silu_mul=silu, groups_per_program=groups,
                                                     num_warps=warps)
