@@ -361,12 +361,21 @@ def test_an_invalid_output_fails_its_own_stream_and_the_others_finish(reference)
     internal_id = f"{client.channel._identity.hex()}/victim"
     bad = {"request_id": internal_id, "new_token_ids": [5], "num_cached_tokens": None}
     good = {"request_id": "nobody/nothing", "new_token_ids": [5]}
-    push = zmq.Context.instance().socket(zmq.PUSH)
-    push.connect(launcher.endpoints.tokenizer_output)
-    push.send(b'{"type": "TokenDeltas", "body": {"outputs": [%s, %s]}}' % (
-        json.dumps(good).encode(), json.dumps(bad).encode()))
-    push.close(linger=1000)
-    results = client.collect(["victim", "bystander"], timeout_s=60)
+
+    def send_bad_output_once_running(out) -> None:
+        # On the victim's first output: the tokenizer knows it and it has tokens left to make (sent
+        # earlier, the bad message could reach the tokenizer before the request itself did).
+        if out.request_id != "victim" or sent:
+            return
+        sent.append(True)
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.connect(launcher.endpoints.tokenizer_output)
+        push.send(b'{"type": "TokenDeltas", "body": {"outputs": [%s, %s]}}' % (
+            json.dumps(good).encode(), json.dumps(bad).encode()))
+        push.close(linger=1000)
+
+    sent: list[bool] = []
+    results = client.collect(["victim", "bystander"], timeout_s=60, on_output=send_bad_output_once_running)
     victim = results["victim"]
     assert victim.finish_reason == "abort" and len(victim.token_ids) < 200
     assert "invalid output" in victim.error and "outputs[1].num_cached_tokens" in victim.error
