@@ -128,7 +128,7 @@ class TritonAttention(AttentionBackend):
                                           dtype=torch.float32, device=q.device)
         tiles = work = None
         extends = query_lens >= 2
-        fresh = bool(extends.any()) and bool((meta.seq_lens_cpu[extends] == query_lens[extends]).all())
+        fresh = all_extends_fresh(query_lens, meta.seq_lens_cpu)
         if extends.any():
             longest_keys = int(meta.seq_lens_cpu[extends].max())
             tiles = extend_tiles(q.dtype, int(query_lens.max()), longest_keys)
@@ -159,6 +159,13 @@ class TritonAttention(AttentionBackend):
             partial_lse = torch.empty(num_reqs, num_q_heads, splits.num_splits, dtype=torch.float32,
                                       device=q.device)
         return _StepLaunch(meta, shape_key, splits, partial_out, partial_lse, None, None)
+
+
+def all_extends_fresh(query_lens: np.ndarray, seq_lens: np.ndarray) -> bool:
+    """Whether a step has requests with two or more queries and none of them has a cached prefix,
+    so the extend kernel may read their keys from the step's own K/V rows (FRESH)."""
+    extends = query_lens >= 2
+    return bool(extends.any()) and bool((seq_lens[extends] == query_lens[extends]).all())
 
 
 def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
