@@ -160,7 +160,7 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
      "tool_choice", "both constrain"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}}}],
+        "type": "object", "properties": {"n": {"type": "number", "maximum": 3}}}}}],
       "tool_choice": "required"},
      "tool_choice", "'maximum'"),
 ])

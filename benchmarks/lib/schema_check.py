@@ -60,10 +60,22 @@ def conforms(value: Any, schema: Any, root: dict | None = None) -> bool:
         return (isinstance(value, str) and schema.get("minLength", 0) <= len(value)
                 <= schema.get("maxLength", len(value))
                 and ("pattern" not in schema or re.search(schema["pattern"], value, re.ASCII) is not None))
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind in ("integer", "number"):
+        numeric = int if kind == "integer" else int | float
+        return isinstance(value, numeric) and not isinstance(value, bool) and _within_bounds(value, schema)
     if kind == "boolean":
         return isinstance(value, bool)
     return value is None
+
+
+def _within_bounds(value: float, schema: dict) -> bool:
+    """minimum / maximum, with exclusiveMinimum / exclusiveMaximum as numbers or draft 4's booleans."""
+    low, high = schema.get("minimum"), schema.get("maximum")
+    low_exclusive, high_exclusive = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if low is not None and (value <= low if low_exclusive is True else value < low):
+        return False
+    if high is not None and (value >= high if high_exclusive is True else value > high):
+        return False
+    if not isinstance(low_exclusive, bool | None) and value <= low_exclusive:
+        return False
+    return isinstance(high_exclusive, bool | None) or value < high_exclusive

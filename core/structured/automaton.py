@@ -42,6 +42,9 @@ from core.structured.rule_frames import RULE, rule_may_end, step_rule
 
 # Frame kinds (a frame's first entry).
 VALUE, OBJECT, KEY, ARRAY, STRING, NUMBER, LITERAL, TEXT, CALLS, PATTERN = range(10)  # RULE: rule_frames
+# Where a PATTERN frame's text stands: the whole output, a JSON string's content (a quote ends it),
+# or a bare JSON value (an integer's bounds: it ends at the first byte the pattern cannot take).
+PATTERN_WHOLE, PATTERN_QUOTED, PATTERN_BARE = 0, 1, 2
 # Node kinds (a node's first entry; see Node).
 N_OBJECT, N_ARRAY, N_STRING, N_NUMBER, N_LITERAL, N_ANY_OF = range(6)
 # OBJECT phases: after `{`, after a key (before `:`), after a value, after `,`.
@@ -78,7 +81,7 @@ class Node(NamedTuple):
     N_ARRAY: `extra` (the items' node), `low`/`high` (minItems, maxItems; -1: unbounded);
     N_STRING: `low`/`high` (minLength, maxLength; -1: unbounded), or `regex` (its pattern's index
               in the grammar's regexes; -1: none);
-    N_NUMBER: `integer`;
+    N_NUMBER: `integer`, and `regex` for an integer with bounds (core/structured/integer_range.py);
     N_LITERAL: `keys` (the byte strings it may be);
     N_ANY_OF: `children` (the alternatives)."""
 
@@ -178,12 +181,17 @@ class Automaton:
             if c != 0x22:
                 return []
             if node.regex >= 0:
-                return [rest + ((PATTERN, node.regex, self.regexes[node.regex].initial, b"", True),)]
+                initial = self.regexes[node.regex].initial
+                return [rest + ((PATTERN, node.regex, initial, b"", PATTERN_QUOTED),)]
             return [rest + ((STRING, index, 0, 0, 0),)]
         if kind == N_OBJECT:
             return [rest + ((OBJECT, index, 0, O_FIRST, 0),)] if c == 0x7B else []
         if kind == N_ARRAY:
             return [rest + ((ARRAY, index, 0, A_FIRST, 0),)] if c == 0x5B else []
+        if kind == N_NUMBER and node.regex >= 0:  # an integer with bounds: its pattern, bare
+            regex = self.regexes[node.regex]
+            after = regex.step(regex.initial, c) if c < 0x80 else frozenset()
+            return [rest + ((PATTERN, node.regex, after, b"", PATTERN_BARE),)] if after else []
         if kind == N_NUMBER:
             phase = N_MINUS if c == 0x2D else N_ZERO if c == 0x30 else N_INT if c in _DIGITS else -1
             return [rest + ((NUMBER, node.integer, phase),)] if phase >= 0 else []
@@ -323,17 +331,22 @@ class Automaton:
         return self.step(rest, c) if phase in _NUMBER_ENDS else []
 
     def _pattern(self, rest: Stack, top: tuple, c: int) -> list[Stack]:
-        _, index, states, partial, in_json = top
+        _, index, states, partial, where = top
         regex = self.regexes[index]
+        if where == PATTERN_BARE:  # ASCII: a byte it cannot take ends it, and the frame below reads it
+            after = regex.step(states, c) if c < 0x80 else frozenset()
+            if after:
+                return [rest + ((PATTERN, index, after, b"", where),)]
+            return self.step(rest, c) if regex.accepts(states) else []
         if partial:
             if not 0x80 <= c <= 0xBF:
                 return []
             partial += bytes((c,))
-        elif in_json and c == 0x22:
+        elif where == PATTERN_QUOTED and c == 0x22:
             return [rest] if regex.accepts(states) else []
         elif c < 0x80:
             after = regex.step(states, c)
-            return [rest + ((PATTERN, index, after, b"", in_json),)] if after else []
+            return [rest + ((PATTERN, index, after, b"", where),)] if after else []
         elif 0xC2 <= c <= 0xF4:
             partial = bytes((c,))
         else:
@@ -343,10 +356,10 @@ class Automaton:
             lo, hi = utf8_span(partial, need)
             if lo > hi or not regex.can_take(states, lo, hi):
                 return []
-            return [rest + ((PATTERN, index, states, partial, in_json),)]
+            return [rest + ((PATTERN, index, states, partial, where),)]
         cp = code_point(partial)
         after = regex.step(states, cp) if cp is not None else frozenset()
-        return [rest + ((PATTERN, index, after, b"", in_json),)] if after else []
+        return [rest + ((PATTERN, index, after, b"", where),)] if after else []
 
     def _ended(self, stack: Stack) -> bool:
         """Whether the stack is complete once the frames that may end without another byte end."""
@@ -354,7 +367,7 @@ class Automaton:
             top = stack[-1]
             kind = top[0]
             if kind == PATTERN:
-                ends = not top[4] and not top[3] and self.regexes[top[1]].accepts(top[2])
+                ends = top[4] != PATTERN_QUOTED and not top[3] and self.regexes[top[1]].accepts(top[2])
             else:
                 ends = (kind == NUMBER and top[2] in _NUMBER_ENDS) or (kind == CALLS and top[2] >= 1) or (
                     kind == RULE and rule_may_end(self.rules, top))

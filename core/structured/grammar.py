@@ -43,6 +43,7 @@ from core.structured.automaton import (
     N_OBJECT,
     N_STRING,
     PATTERN,
+    PATTERN_WHOLE,
     TEXT,
     VALUE,
     Automaton,
@@ -51,6 +52,7 @@ from core.structured.automaton import (
 )
 from core.structured.ebnf import Rules
 from core.structured.ebnf_parser import EbnfError
+from core.structured.integer_range import BOUND_WORDS, integer_bounds, integer_range_pattern
 from core.structured.regex import Regex, RegexError
 from core.structured.rule_frames import RULE
 
@@ -60,7 +62,7 @@ _IGNORED = frozenset({"title", "description", "default", "examples", "$schema", 
                       "nullable"})
 _KNOWN = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems",
                     "maxItems", "minLength", "maxLength", "pattern", "enum", "const", "anyOf", "oneOf",
-                    "allOf", "$ref"}) | _IGNORED
+                    "allOf", "$ref"}) | _IGNORED | frozenset(BOUND_WORDS)
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 MAX_SPEC_BYTES = 1 << 20  # a spec travels in every step plan of its request
 MAX_NODES = 20_000
@@ -129,7 +131,7 @@ def _compile(spec: str) -> Grammar:
         stack = ((LITERAL, tuple(dict.fromkeys(c.encode() for c in choices)), 0),)
     elif kind == "regex":
         regex = builder.regex(parsed.get("pattern"), "pattern", json=False)
-        stack = ((PATTERN, regex, builder.regexes[regex].initial, b"", False),)
+        stack = ((PATTERN, regex, builder.regexes[regex].initial, b"", PATTERN_WHOLE),)
     elif kind == "grammar":
         rules = _rules(parsed.get("grammar"))
         stack = ((RULE, rules.start, b""),)
@@ -282,6 +284,8 @@ class _Builder:
             return self._typed(schema, "array", path)
         if "minLength" in schema or "maxLength" in schema or "pattern" in schema:
             return self._typed(schema, "string", path)
+        if any(word in schema for word in BOUND_WORDS):
+            return self._typed(schema, "number", path)  # refused there unless it says integer
         return self.any_value()
 
     def _typed(self, schema: dict, kind: object, path: str) -> int:
@@ -302,7 +306,18 @@ class _Builder:
                 return self.add(Node(N_STRING, regex=self.regex(schema["pattern"], f"{path}.pattern", True)))
             return self.add(Node(N_STRING, low=low, high=high))
         if kind in ("number", "integer"):
-            return self.add(Node(N_NUMBER, integer=kind == "integer"))
+            bounded = [word for word in BOUND_WORDS if word in schema]
+            if bounded and kind == "number":
+                raise GrammarError(f"{path}: {bounded[0]!r} is enforced on integers only (type integer), "
+                                   "not on numbers")
+            if not bounded:
+                return self.add(Node(N_NUMBER, integer=kind == "integer"))
+            try:  # RegexError is a ValueError too (a pattern of too many states)
+                self.regexes.append(Regex(integer_range_pattern(*integer_bounds(schema)), json=False,
+                                          whole=True))
+            except ValueError as e:
+                raise GrammarError(f"{path}: {e}") from None
+            return self.add(Node(N_NUMBER, integer=True, regex=len(self.regexes) - 1))
         return self.add(Node(N_LITERAL, keys=(b"true", b"false") if kind == "boolean" else (b"null",)))
 
     def _object(self, schema: dict, path: str) -> int:

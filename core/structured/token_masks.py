@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.structured.automaton import PATTERN, STRING, TEXT, State
+from core.structured.automaton import PATTERN, PATTERN_QUOTED, STRING, TEXT, State
 from core.structured.grammar import Grammar
 from core.structured.token_columns import TokenColumns, TokenSubset, Transitions
 
@@ -175,7 +175,8 @@ class TokenMasks:
                 mask &= self._chars <= node.high - top[2]
             mask[self._inside_ids(grammar, top, self._unclosing)] = True
             rest = self._closing
-        elif top is not None and top[0] == PATTERN and top[4] and not top[3] and len(stack) > 1:
+        elif (top is not None and top[0] == PATTERN and top[4] == PATTERN_QUOTED and not top[3]
+              and len(stack) > 1):
             # a patterned JSON string: only a quote can end it, so the tokens without one depend on
             # its frame alone
             mask = np.zeros(self.vocabulary.width, bool)
