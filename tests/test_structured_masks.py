@@ -56,11 +56,15 @@ BOUNDED = {"type": "object", "properties": {
     "offsets": {"type": "array", "items": {"type": "integer", "minimum": -250, "exclusiveMaximum": 1000},
                 "maxItems": 4},
 }, "required": ["month", "offsets"]}
+# String formats (pydantic's date, time, datetime, UUID, IPv4Address, EmailStr fields).
+FORMATS = ("date", "time", "date-time", "uuid", "ipv4", "email")
+FORMATTED = {"type": "object", "properties": {name: {"type": "string", "format": name} for name in FORMATS},
+             "required": list(FORMATS)}
 SPECS = [json_schema_spec(SCHEMA), json_object_spec(), json_object_spec(reasoning=True),
          choice_spec(["positive", "negative", "neutral"]), tool_calls_spec([WEATHER], max_calls=2),
          json_schema_spec(PATTERNED), regex_spec(r"(yes|no|maybe)(, [a-z]{1,6}){0,3}\."),
          compact_spec(json_schema_spec(SCHEMA)), grammar_spec(NESTED), grammar_spec(SQL),
-         json_schema_spec(BOUNDED)]
+         json_schema_spec(BOUNDED), json_schema_spec(FORMATTED)]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +111,7 @@ def draw(masks: TokenMasks, spec: str, rng: np.random.Generator, max_steps: int 
 
 @pytest.mark.parametrize("spec", SPECS,
                          ids=["schema", "json_object", "reasoning", "choice", "tools", "pattern", "regex",
-                              "compact", "grammar", "sql", "integer ranges"])
+                              "compact", "grammar", "sql", "integer ranges", "formats"])
 def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
     rng = np.random.default_rng(0)
     vocabulary = masks.vocabulary
@@ -127,7 +131,8 @@ def test_masks_equal_the_byte_by_byte_check_of_every_sampled_token(masks, spec):
 
 def test_outputs_drawn_through_the_masks_conform_to_the_schema(masks, qwen):
     rng = np.random.default_rng(1)
-    for spec, schema in ((SPECS[0], SCHEMA), (SPECS[5], PATTERNED), (SPECS[10], BOUNDED)):
+    for spec, schema in ((SPECS[0], SCHEMA), (SPECS[5], PATTERNED), (SPECS[10], BOUNDED),
+                         (SPECS[11], FORMATTED)):
         for _ in range(12):
             output, _ = draw(masks, spec, rng)
             value = json.loads(qwen.decode(output))

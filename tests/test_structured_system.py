@@ -151,15 +151,17 @@ def test_an_unenforceable_schema_is_refused_and_the_server_serves_on(tp2):
     assert person(client, temperature=0, extra_body=NO_THINKING).choices[0].finish_reason == "stop"
 
 
-def test_bounded_integers_come_back_within_their_bounds(tp2):
-    """A schema with integer ranges (as pydantic writes conint(ge=..., le=...)), sampled, n=3."""
+def test_bounded_integers_and_formats_come_back_within_them(tp2):
+    """A schema with integer ranges (as pydantic writes conint(ge=..., le=...)) and a date and a
+    uuid field, sampled, n=3."""
     client, _ = tp2
     schema = {"type": "object", "properties": {
         "month": {"type": "integer", "minimum": 1, "maximum": 12},
         "count": {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 1000},
-    }, "required": ["month", "count"]}
+        "on": {"type": "string", "format": "date"}, "id": {"type": "string", "format": "uuid"},
+    }, "required": ["month", "count", "on", "id"]}
     reply = client.chat.completions.create(
-        model="tiny", messages=USER, max_tokens=60, n=3, temperature=1.0, seed=3, extra_body=NO_THINKING,
+        model="tiny", messages=USER, max_tokens=120, n=3, temperature=1.0, seed=3, extra_body=NO_THINKING,
         response_format={"type": "json_schema", "json_schema": {"name": "when", "schema": schema}})
     for choice in reply.choices:
         assert choice.finish_reason == "stop"

@@ -5,7 +5,10 @@ other."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import re
+import uuid
 from typing import Any
 
 
@@ -59,7 +62,9 @@ def conforms(value: Any, schema: Any, root: dict | None = None) -> bool:
     if kind == "string":
         return (isinstance(value, str) and schema.get("minLength", 0) <= len(value)
                 <= schema.get("maxLength", len(value))
-                and ("pattern" not in schema or re.search(schema["pattern"], value, re.ASCII) is not None))
+                and ("pattern" not in schema or re.search(schema["pattern"], value, re.ASCII) is not None)
+                and ("pattern" in schema or "minLength" in schema or "maxLength" in schema
+                     or _has_format(value, schema.get("format"))))
     if kind in ("integer", "number"):
         numeric = int if kind == "integer" else int | float
         return isinstance(value, numeric) and not isinstance(value, bool) and _within_bounds(value, schema)
@@ -79,3 +84,27 @@ def _within_bounds(value: float, schema: dict) -> bool:
     if not isinstance(low_exclusive, bool | None) and value <= low_exclusive:
         return False
     return isinstance(high_exclusive, bool | None) or value < high_exclusive
+
+
+def _has_format(value: str, name: object) -> bool:
+    """The enforced formats, checked by Python's own parsers (29 February taken in any year)."""
+    try:
+        if name == "date":
+            day = value[:5] + "02-28" if value[4:] == "-02-29" else value
+            return len(value) == 10 and bool(datetime.date.fromisoformat(day))
+        if name in ("time", "date-time"):
+            if name == "date-time" and not (len(value) > 10 and value[10] == "T"
+                                            and _has_format(value[:10], "date")):
+                return False
+            clock = value[11:] if name == "date-time" else value
+            return len(clock) >= 8 and clock[2] == ":" and bool(datetime.time.fromisoformat(clock))
+        if name == "uuid":
+            return len(value) == 36 and bool(uuid.UUID(value))
+        if name == "ipv4":
+            return bool(ipaddress.IPv4Address(value))
+        if name == "email":
+            local, _, domain = value.partition("@")
+            return bool(local) and "." in domain and all(domain.split("."))
+    except ValueError:
+        return False
+    return True  # not an enforced format: an annotation

@@ -23,9 +23,11 @@ when there are no properties; absent, any keys, none with the spec's "closed_obj
 `minItems`, `maxItems`, `minLength`, `maxLength`, `pattern` (core/structured/regex.py's subset; a
 string with a pattern holds no escapes), `enum`, `const`,
 `anyOf`, `oneOf` (generated as anyOf: a value may match two alternatives), a one-element
-`allOf`, and local `$ref`s into `$defs` or `definitions` (recursive ones too). Annotations
-(`title`, `description`, `default`, `examples`, ...) are ignored, and so is `format`, which is not
-enforced.
+`allOf`, local `$ref`s into `$defs` or `definitions` (recursive ones too), integer bounds
+(`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`: core/structured/integer_range.py)
+and the string formats date, time, date-time, uuid, ipv4 and email (core/structured/string_formats.py;
+on a string without length bounds). Annotations (`title`, `description`, `default`, `examples`,
+...) are ignored, and so are other formats, which are not enforced.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ from core.structured.ebnf_parser import EbnfError
 from core.structured.integer_range import BOUND_WORDS, integer_bounds, integer_range_pattern
 from core.structured.regex import Regex, RegexError
 from core.structured.rule_frames import RULE
+from core.structured.string_formats import FORMAT_PATTERNS
 
-# Keywords that say nothing about which values are valid, or that are not enforced (`format`).
+# Keywords that say nothing about which values are valid, or that are not enforced (`format`, but for
+# the formats of core/structured/string_formats.py).
 _IGNORED = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
                       "deprecated", "readOnly", "writeOnly", "format", "$defs", "definitions", "strict",
                       "nullable"})
@@ -304,6 +308,10 @@ class _Builder:
                     raise GrammarError(f"{path}: a pattern with minLength or maxLength is not supported "
                                        "(bound the length in the pattern instead)")
                 return self.add(Node(N_STRING, regex=self.regex(schema["pattern"], f"{path}.pattern", True)))
+            known_format = schema.get("format") if isinstance(schema.get("format"), str) else None
+            if known_format in FORMAT_PATTERNS and not low and high < 0:  # with lengths: an annotation
+                return self.add(Node(N_STRING, regex=self.regex(FORMAT_PATTERNS[known_format],
+                                                                f"{path}.format", True)))
             return self.add(Node(N_STRING, low=low, high=high))
         if kind in ("number", "integer"):
             bounded = [word for word in BOUND_WORDS if word in schema]
