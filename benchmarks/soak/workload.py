@@ -186,7 +186,9 @@ def _structured(path: str, rng: random.Random) -> dict[str, Any]:
         return {"guided_grammar": _GRAMMAR}
     if draw < 0.7:
         schema = {"type": "object", "properties": {"word": {"enum": list(_WORDS[:5])}, "note": {
-            "type": "string", "maxLength": 12}, "ok": {"type": "boolean"}}, "required": ["word", "ok"]}
+            "type": "string", "maxLength": 12}, "ok": {"type": "boolean"},
+            "n": {"type": "integer", "minimum": -5, "maximum": 99},
+            "on": {"type": "string", "format": "date"}}, "required": ["word", "ok"]}
         return {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}}
     return {"response_format": {"type": "json_object"}}
 
