@@ -289,7 +289,7 @@ class _Builder:
         if "minLength" in schema or "maxLength" in schema or "pattern" in schema:
             return self._typed(schema, "string", path)
         if any(word in schema for word in BOUND_WORDS):
-            return self._typed(schema, "number", path)  # refused there unless it says integer
+            return self._typed(schema, "number", path)  # refused there: only integers take bounds
         return self.any_value()
 
     def _typed(self, schema: dict, kind: object, path: str) -> int:
