@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 
 import numpy as np
 import pytest
 
 from benchmarks.lib.schema_check import conforms
 from core.structured.grammar import GrammarError, compile_spec
-from core.structured.integer_range import integer_bounds, integer_range_pattern
+from core.structured.integer_range import (
+    integer_bounds,
+    integer_range_pattern,
+    number_bounds,
+    number_range_pattern,
+)
 from core.structured.specs import json_schema_spec
 
 RANGES = [(0, None), (1, None), (None, 0), (None, -1), (None, None), (-5, 5), (1, 12), (0, 0), (-1, -1),
@@ -65,10 +71,11 @@ def test_bounds_read_as_json_schema_means_them(schema, bounds):
     ({"type": "integer", "minimum": 1e30}, ["minimum", "beyond"]),
     ({"type": "integer", "minimum": 5, "maximum": 4}, ["no integer lies between", "minimum 5", "maximum 4"]),
     ({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}, ["no integer lies between"]),
-    ({"type": "number", "minimum": 0}, ["'minimum'", "integers only"]),
-    ({"maximum": 3}, ["'maximum'", "integers only"]),  # no type: the bound would go unenforced
-    ({"type": "object", "properties": {"x": {"type": ["number", "null"], "exclusiveMaximum": 1}}},
-     ["properties.x", "'exclusiveMaximum'"]),
+    ({"type": "number", "minimum": 0.5}, ["minimum 0.5", "whole numbers"]),
+    ({"maximum": 2.5}, ["maximum 2.5", "whole numbers"]),  # no type: a number's bounds
+    ({"type": "object", "properties": {"x": {"type": ["number", "null"], "exclusiveMaximum": 1.5}}},
+     ["properties.x", "exclusiveMaximum 1.5"]),
+    ({"type": "number", "minimum": 1, "exclusiveMaximum": 1}, ["no number lies between"]),
 ])
 def test_bounds_that_cannot_be_enforced_are_refused_with_the_keyword_named(schema, words):
     with pytest.raises(GrammarError) as info:
@@ -119,3 +126,59 @@ def test_the_schema_check_reads_bounds_as_the_grammar_does():
     assert not conforms(0, {"type": "integer", "minimum": 0, "exclusiveMinimum": True})
     assert conforms(2.5, {"type": "number", "maximum": 3}) and not conforms(3, {"type": "number",
                                                                                "exclusiveMaximum": 3})
+
+
+FRACTIONS = ("", ".0", ".00", ".5", ".05", ".001", ".999")
+NUMBER_PROBES = [f"{n}{fraction}" for n in range(-14, 15) for fraction in FRACTIONS]
+
+
+@pytest.mark.parametrize("low", [None, -7, -1, 0, 1, 5])
+@pytest.mark.parametrize("high", [None, -3, 0, 1, 12])
+@pytest.mark.parametrize("low_exclusive", [False, True])
+@pytest.mark.parametrize("high_exclusive", [False, True])
+def test_a_number_range_pattern_matches_exactly_the_decimals_within_it(low, high, low_exclusive,
+                                                                       high_exclusive):
+    empty = low is not None and high is not None and (
+        low > high or (low == high and (low_exclusive or high_exclusive)))
+    if empty:
+        with pytest.raises(ValueError):
+            number_range_pattern(low, low_exclusive, high, high_exclusive)
+        return
+    pattern = re.compile(number_range_pattern(low, low_exclusive, high, high_exclusive))
+    for text in NUMBER_PROBES:
+        x = Decimal(text)
+        inside = ((low is None or (x > low if low_exclusive else x >= low))
+                  and (high is None or (x < high if high_exclusive else x <= high)))
+        assert bool(pattern.fullmatch(text)) == inside, (low, low_exclusive, high, high_exclusive, text)
+    for text in ("01", "1.", ".5", "1e2", "+1", "-", "-0", "-0.0"):  # no "-0": a negative is below 0
+        assert not pattern.fullmatch(text), text
+
+
+@pytest.mark.parametrize("schema, bounds", [
+    ({"minimum": 0, "maximum": 1}, (0, False, 1, False)),
+    ({"exclusiveMinimum": 0}, (0, True, None, False)),
+    ({"minimum": 0, "exclusiveMinimum": True}, (0, True, None, False)),  # draft 4
+    ({"minimum": 3, "exclusiveMinimum": 3}, (3, True, None, False)),  # a tie: exclusive
+    ({"maximum": 5.0, "exclusiveMaximum": 4}, (None, False, 4, True)),
+])
+def test_number_bounds_read_as_json_schema_means_them(schema, bounds):
+    assert number_bounds(schema) == bounds
+
+
+SCORE = {"type": "object", "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1},
+                                          "gain": {"type": "number", "exclusiveMinimum": 0}},
+         "required": ["score"]}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"score": 0.75}', "complete"), ('{"score": 1}', "complete"), ('{"score": 1.000}', "complete"),
+    ('{"score": 0, "gain": 0.001}', "complete"), ('{"score": 0.5, "gain": 12}', "complete"),
+    ('{"score": 1.01}', "rejected"), ('{"score": -0.5}', "rejected"), ('{"score": 2}', "rejected"),
+    ('{"score": 1e-3}', "rejected"), ('{"score": 0.5, "gain": 0}', "rejected"),
+    ('{"score": 0.5, "gain": 0.000}', "rejected"), ('{"score": 0.', "prefix"),
+])
+def test_an_object_takes_its_numbers_within_their_bounds_only(text, expected):
+    assert _verdict(SCORE, text) == expected
+    if expected == "complete":
+        assert conforms(json.loads(text), SCORE)
+

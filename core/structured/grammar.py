@@ -23,8 +23,9 @@ when there are no properties; absent, any keys, none with the spec's "closed_obj
 `minItems`, `maxItems`, `minLength`, `maxLength`, `pattern` (core/structured/regex.py's subset; a
 string with a pattern holds no escapes), `enum`, `const`,
 `anyOf`, `oneOf` (generated as anyOf: a value may match two alternatives), a one-element
-`allOf`, local `$ref`s into `$defs` or `definitions` (recursive ones too), integer bounds
-(`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`: core/structured/integer_range.py)
+`allOf`, local `$ref`s into `$defs` or `definitions` (recursive ones too), bounds (`minimum`,
+`maximum`, `exclusiveMinimum`, `exclusiveMaximum`, any on integers, whole ones on numbers:
+core/structured/integer_range.py)
 and the string formats date, time, date-time, uuid, ipv4 and email (core/structured/string_formats.py;
 on a string without length bounds). Annotations (`title`, `description`, `default`, `examples`,
 ...) are ignored, and so are other formats, which are not enforced.
@@ -54,7 +55,13 @@ from core.structured.automaton import (
 )
 from core.structured.ebnf import Rules
 from core.structured.ebnf_parser import EbnfError
-from core.structured.integer_range import BOUND_WORDS, integer_bounds, integer_range_pattern
+from core.structured.integer_range import (
+    BOUND_WORDS,
+    integer_bounds,
+    integer_range_pattern,
+    number_bounds,
+    number_range_pattern,
+)
 from core.structured.regex import Regex, RegexError
 from core.structured.rule_frames import RULE
 from core.structured.string_formats import FORMAT_PATTERNS
@@ -289,7 +296,7 @@ class _Builder:
         if "minLength" in schema or "maxLength" in schema or "pattern" in schema:
             return self._typed(schema, "string", path)
         if any(word in schema for word in BOUND_WORDS):
-            return self._typed(schema, "number", path)  # refused there: only integers take bounds
+            return self._typed(schema, "number", path)  # bounds without a type: a number's
         return self.any_value()
 
     def _typed(self, schema: dict, kind: object, path: str) -> int:
@@ -314,18 +321,15 @@ class _Builder:
                                                                 f"{path}.format", True)))
             return self.add(Node(N_STRING, low=low, high=high))
         if kind in ("number", "integer"):
-            bounded = [word for word in BOUND_WORDS if word in schema]
-            if bounded and kind == "number":
-                raise GrammarError(f"{path}: {bounded[0]!r} is enforced on integers only (type integer), "
-                                   "not on numbers")
-            if not bounded:
+            if not any(word in schema for word in BOUND_WORDS):
                 return self.add(Node(N_NUMBER, integer=kind == "integer"))
             try:  # RegexError is a ValueError too (a pattern of too many states)
-                self.regexes.append(Regex(integer_range_pattern(*integer_bounds(schema)), json=False,
-                                          whole=True))
+                pattern = (integer_range_pattern(*integer_bounds(schema)) if kind == "integer"
+                           else number_range_pattern(*number_bounds(schema)))
+                self.regexes.append(Regex(pattern, json=False, whole=True))
             except ValueError as e:
                 raise GrammarError(f"{path}: {e}") from None
-            return self.add(Node(N_NUMBER, integer=True, regex=len(self.regexes) - 1))
+            return self.add(Node(N_NUMBER, integer=kind == "integer", regex=len(self.regexes) - 1))
         return self.add(Node(N_LITERAL, keys=(b"true", b"false") if kind == "boolean" else (b"null",)))
 
     def _object(self, schema: dict, path: str) -> int:
