@@ -205,7 +205,7 @@ def test_tp2_scores_the_prompt_as_tp1_does(checkpoint):
 
 
 def test_the_profiled_warmup_step_scores_every_row_in_slices(checkpoint, monkeypatch):
-    from core.execution.runner import warmup_plan
+    from core.execution.warmup_steps import warmup_plan
 
     directory, _ = checkpoint
     monkeypatch.setattr(prompt_logprobs, "SLICE_ROWS", 16)

@@ -8,7 +8,7 @@ import torch
 from core.execution.attention.triton_backend import all_extends_fresh
 from core.execution.attention.triton_decode import MIN_SPLIT_TOKENS, plan_splits, reduce_block
 from core.execution.attention.triton_extend import extend_tiles
-from core.execution.runner import compile_warmup_steps, warmup_plan
+from core.execution.warmup_steps import compile_warmup_steps, warmup_plan
 
 BLOCK_SIZE = 16
 H200_SMS = 132

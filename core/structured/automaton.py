@@ -23,8 +23,8 @@ What a frame accepts:
   TEXT   free text up to a terminator (a reasoning block up to `</think>`)
   CALLS  one or more `<tool_call>` blocks, up to a maximum
   PATTERN text a regular expression matches (core/structured/regex.py), a character at a time:
-         a JSON string's content (no escapes; its closing quote where the pattern may end) or, for
-         vLLM's guided_regex, the whole output
+         a JSON string's content (no escapes; its closing quote where the pattern may end), a
+         bounded number, or, for vLLM's guided_regex, the whole output (pattern_frames.py)
   RULE   one rule of a GBNF grammar (core/structured/ebnf.py, vLLM's guided_grammar), a character
          at a time; a call of another rule pushes a RULE frame for it above the caller's (none
          where nothing follows the call in the caller: a tail call), which returns to the caller
@@ -37,14 +37,12 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from core.structured.ebnf import Rules
-from core.structured.regex import Regex, code_point, utf8_span
+from core.structured.pattern_frames import PATTERN, PATTERN_BARE, PATTERN_QUOTED, step_pattern
+from core.structured.regex import Regex
 from core.structured.rule_frames import RULE, rule_may_end, step_rule
 
 # Frame kinds (a frame's first entry).
-VALUE, OBJECT, KEY, ARRAY, STRING, NUMBER, LITERAL, TEXT, CALLS, PATTERN = range(10)  # RULE: rule_frames
-# Where a PATTERN frame's text stands: the whole output, a JSON string's content (a quote ends it),
-# or a bare JSON value (an integer's bounds: it ends at the first byte the pattern cannot take).
-PATTERN_WHOLE, PATTERN_QUOTED, PATTERN_BARE = 0, 1, 2
+VALUE, OBJECT, KEY, ARRAY, STRING, NUMBER, LITERAL, TEXT, CALLS = range(9)  # PATTERN, RULE: *_frames.py
 # Node kinds (a node's first entry; see Node).
 N_OBJECT, N_ARRAY, N_STRING, N_NUMBER, N_LITERAL, N_ANY_OF = range(6)
 # OBJECT phases: after `{`, after a key (before `:`), after a value, after `,`.
@@ -81,7 +79,7 @@ class Node(NamedTuple):
     N_ARRAY: `extra` (the items' node), `low`/`high` (minItems, maxItems; -1: unbounded);
     N_STRING: `low`/`high` (minLength, maxLength; -1: unbounded), or `regex` (its pattern's index
               in the grammar's regexes; -1: none);
-    N_NUMBER: `integer`, and `regex` for an integer with bounds (core/structured/integer_range.py);
+    N_NUMBER: `integer`, and `regex` for an integer with bounds (core/structured/numeric_ranges.py);
     N_LITERAL: `keys` (the byte strings it may be);
     N_ANY_OF: `children` (the alternatives)."""
 
@@ -163,7 +161,7 @@ class Automaton:
         if kind == TEXT:
             return _text(rest, top, c)
         if kind == PATTERN:
-            return self._pattern(rest, top, c)
+            return step_pattern(self.regexes, rest, top, c, self.step)
         if kind == RULE:
             return step_rule(self.rules, rest, top, c, self.step)
         return self._calls(rest, top, c)
@@ -329,37 +327,6 @@ class Automaton:
             return [rest + ((NUMBER, integer, after),)]
         # The byte cannot extend the number: the number ends (if it may) and the frame below reads it.
         return self.step(rest, c) if phase in _NUMBER_ENDS else []
-
-    def _pattern(self, rest: Stack, top: tuple, c: int) -> list[Stack]:
-        _, index, states, partial, where = top
-        regex = self.regexes[index]
-        if where == PATTERN_BARE:  # ASCII: a byte it cannot take ends it, and the frame below reads it
-            after = regex.step(states, c) if c < 0x80 else frozenset()
-            if after:
-                return [rest + ((PATTERN, index, after, b"", where),)]
-            return self.step(rest, c) if regex.accepts(states) else []
-        if partial:
-            if not 0x80 <= c <= 0xBF:
-                return []
-            partial += bytes((c,))
-        elif where == PATTERN_QUOTED and c == 0x22:
-            return [rest] if regex.accepts(states) else []
-        elif c < 0x80:
-            after = regex.step(states, c)
-            return [rest + ((PATTERN, index, after, b"", where),)] if after else []
-        elif 0xC2 <= c <= 0xF4:
-            partial = bytes((c,))
-        else:
-            return []
-        need = 2 if partial[0] <= 0xDF else 3 if partial[0] <= 0xEF else 4
-        if len(partial) < need:  # a character begun: go on only if some way to finish it matches
-            lo, hi = utf8_span(partial, need)
-            if lo > hi or not regex.can_take(states, lo, hi):
-                return []
-            return [rest + ((PATTERN, index, states, partial, where),)]
-        cp = code_point(partial)
-        after = regex.step(states, cp) if cp is not None else frozenset()
-        return [rest + ((PATTERN, index, after, b"", where),)] if after else []
 
     def _ended(self, stack: Stack) -> bool:
         """Whether the stack is complete once the frames that may end without another byte end."""

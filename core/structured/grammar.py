@@ -25,7 +25,7 @@ string with a pattern holds no escapes), `enum`, `const`,
 `anyOf`, `oneOf` (generated as anyOf: a value may match two alternatives), a one-element
 `allOf`, local `$ref`s into `$defs` or `definitions` (recursive ones too), bounds (`minimum`,
 `maximum`, `exclusiveMinimum`, `exclusiveMaximum`, any on integers, whole ones on numbers:
-core/structured/integer_range.py)
+core/structured/numeric_ranges.py)
 and the string formats date, time, date-time, uuid, ipv4 and email (core/structured/string_formats.py;
 on a string without length bounds). Annotations (`title`, `description`, `default`, `examples`,
 ...) are ignored, and so are other formats, which are not enforced.
@@ -45,8 +45,6 @@ from core.structured.automaton import (
     N_NUMBER,
     N_OBJECT,
     N_STRING,
-    PATTERN,
-    PATTERN_WHOLE,
     TEXT,
     VALUE,
     Automaton,
@@ -55,13 +53,14 @@ from core.structured.automaton import (
 )
 from core.structured.ebnf import Rules
 from core.structured.ebnf_parser import EbnfError
-from core.structured.integer_range import (
+from core.structured.numeric_ranges import (
     BOUND_WORDS,
     integer_bounds,
     integer_range_pattern,
     number_bounds,
     number_range_pattern,
 )
+from core.structured.pattern_frames import PATTERN, PATTERN_WHOLE
 from core.structured.regex import Regex, RegexError
 from core.structured.rule_frames import RULE
 from core.structured.string_formats import FORMAT_PATTERNS

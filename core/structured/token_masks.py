@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.structured.automaton import PATTERN, PATTERN_QUOTED, STRING, TEXT, State
+from core.structured.automaton import STRING, TEXT, State
 from core.structured.grammar import Grammar
+from core.structured.pattern_frames import PATTERN, PATTERN_QUOTED
 from core.structured.token_columns import TokenColumns, TokenSubset, Transitions
 
 _CACHED_STACKS = 4096  # masks kept, ~19 KB each (packed bits)

@@ -1,5 +1,5 @@
 """After a CUDA runner's start, serving compiles no extend-attention variant: the warm-up steps
-(runner.compile_warmup_steps) reached every tile family over fresh prompts and over cached prefixes."""
+(core/execution/warmup_steps.py) reached every tile family over fresh prompts and over cached prefixes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import torch
 
 from core.config import EngineConfig, ModelConfig, SchedulerConfig
 from core.execution.attention.triton_extend import _extend_kernel
-from core.execution.runner import ModelRunner, warmup_plan
+from core.execution.runner import ModelRunner
+from core.execution.warmup_steps import warmup_plan
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -9,10 +9,11 @@ from decimal import Decimal
 
 import numpy as np
 import pytest
+from test_structured_grammar import verdict
 
 from benchmarks.lib.schema_check import conforms
 from core.structured.grammar import GrammarError, compile_spec
-from core.structured.integer_range import (
+from core.structured.numeric_ranges import (
     integer_bounds,
     integer_range_pattern,
     number_bounds,
@@ -89,14 +90,6 @@ MONTH = {"type": "object", "properties": {"month": {"type": "integer", "minimum"
          "required": ["month"]}
 
 
-def _verdict(schema: dict, text: str) -> str:
-    grammar = compile_spec(json_schema_spec(schema))
-    state = grammar.automaton.advance_bytes(grammar.initial, text.encode())
-    if not state:
-        return "rejected"
-    return "complete" if grammar.automaton.can_end(state) else "prefix"
-
-
 @pytest.mark.parametrize("text, expected", [
     ('{"month": 12}', "complete"), ('{"month": 1, "delta": -5}', "complete"),
     ('{"month": 7, "delta": null}', "complete"), ('{"month":3,"delta":4}', "complete"),
@@ -107,17 +100,17 @@ def _verdict(schema: dict, text: str) -> str:
     ('{"month": 2, "delta": -0}', "rejected"),
 ])
 def test_an_object_takes_its_integers_within_their_bounds_only(text, expected):
-    assert _verdict(MONTH, text) == expected
+    assert schema_verdict(MONTH, text) == expected
     if expected == "complete":
         assert conforms(json.loads(text), MONTH)
 
 
 def test_a_bounded_integer_may_be_the_whole_output_and_ends_where_no_digit_may_follow():
     schema = {"type": "integer", "minimum": 10, "maximum": 20}
-    assert [_verdict(schema, t) for t in ("1", "10", "15", "20", "21", "200", "9")] == [
+    assert [schema_verdict(schema, t) for t in ("1", "10", "15", "20", "21", "200", "9")] == [
         "prefix", "complete", "complete", "complete", "rejected", "rejected", "rejected"]
-    assert _verdict({"type": "array", "items": schema}, "[10, 20,11]") == "complete"
-    assert _verdict({"type": "array", "items": schema}, "[10, 2]") == "rejected"
+    assert schema_verdict({"type": "array", "items": schema}, "[10, 20,11]") == "complete"
+    assert schema_verdict({"type": "array", "items": schema}, "[10, 2]") == "rejected"
 
 
 def test_the_schema_check_reads_bounds_as_the_grammar_does():
@@ -178,7 +171,11 @@ SCORE = {"type": "object", "properties": {"score": {"type": "number", "minimum":
     ('{"score": 0.5, "gain": 0.000}', "rejected"), ('{"score": 0.', "prefix"),
 ])
 def test_an_object_takes_its_numbers_within_their_bounds_only(text, expected):
-    assert _verdict(SCORE, text) == expected
+    assert schema_verdict(SCORE, text) == expected
     if expected == "complete":
         assert conforms(json.loads(text), SCORE)
+
+
+def schema_verdict(schema: dict, text: str) -> str:
+    return verdict(json_schema_spec(schema), text)
 

@@ -1,11 +1,12 @@
-"""A JSON schema's integer bounds as a regular expression over the integer's JSON text (and a
-number's whole-number bounds over the number's, `number_range_pattern`).
+"""A JSON schema's bounds (minimum, maximum, exclusiveMinimum, exclusiveMaximum) as a regular
+expression over the number's JSON text.
 
 `integer_range_pattern(low, high)` matches exactly the integers low..high (None: unbounded on that
-side) written as JSON writes them: an optional minus, no leading zeros, no "-0". The grammar steps
-it as a bare pattern inside JSON (core/structured/automaton.py: the number ends at the first byte
-the pattern cannot take), so `{"type": "integer", "minimum": 1, "maximum": 12}` can only produce
-1 to 12. Used by core/structured/grammar.py.
+side) written as JSON writes them: an optional minus, no leading zeros, no "-0";
+`number_range_pattern` the decimals between whole-number bounds (no exponent). The grammar steps
+them as bare patterns inside JSON (core/structured/pattern_frames.py: the number ends at the first
+byte the pattern cannot take), so `{"type": "integer", "minimum": 1, "maximum": 12}` can only
+produce 1 to 12. Used by core/structured/grammar.py.
 """
 
 from __future__ import annotations
