@@ -50,14 +50,15 @@ PATTERNED = {"type": "object", "properties": {"code": {"type": "string", "patter
 NESTED = '''root ::= "[" ws (item ("," ws item)*)? "]"
 item ::= "0" | [1-9] [0-9]{0,5} | "\\"" [a-zé ]* "\\"" | root
 ws ::= " "?'''
-# Ranges (pydantic's conint(ge=..., le=...), confloat(ge=-1, le=1)): tokens of several digits must
-# stay inside them.
+# Ranges (pydantic's conint(ge=..., le=...), confloat(ge=-1, le=1), confloat(gt=0.25, le=2.75)):
+# tokens of several digits must stay inside them.
 BOUNDED = {"type": "object", "properties": {
     "month": {"type": "integer", "minimum": 1, "maximum": 12},
     "offsets": {"type": "array", "items": {"type": "integer", "minimum": -250, "exclusiveMaximum": 1000},
                 "maxItems": 4},
     "score": {"type": "number", "minimum": -1, "maximum": 1},
-}, "required": ["month", "offsets", "score"]}
+    "ratio": {"type": "number", "exclusiveMinimum": 0.25, "maximum": 2.75},
+}, "required": ["month", "offsets", "score", "ratio"]}
 # String formats (pydantic's date, time, datetime, UUID, IPv4Address, EmailStr fields).
 FORMATS = ("date", "time", "date-time", "uuid", "ipv4", "email")
 FORMATTED = {"type": "object", "properties": {name: {"type": "string", "format": name} for name in FORMATS},

@@ -1,5 +1,6 @@
-"""Integer bounds in JSON schemas (minimum, maximum, exclusiveMinimum, exclusiveMaximum): the
-pattern of a range against Python's own comparison, the bounds' reading, and the grammar's verdicts."""
+"""Bounds in JSON schemas (minimum, maximum, exclusiveMinimum, exclusiveMaximum) on integers and
+numbers: the pattern of a range against Python's own (Decimal) comparison, the bounds' reading, and
+the grammar's verdicts."""
 
 from __future__ import annotations
 
@@ -72,11 +73,14 @@ def test_bounds_read_as_json_schema_means_them(schema, bounds):
     ({"type": "integer", "minimum": 1e30}, ["minimum", "beyond"]),
     ({"type": "integer", "minimum": 5, "maximum": 4}, ["no integer lies between", "minimum 5", "maximum 4"]),
     ({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}, ["no integer lies between"]),
-    ({"type": "number", "minimum": 0.5}, ["minimum 0.5", "whole numbers"]),
-    ({"maximum": 2.5}, ["maximum 2.5", "whole numbers"]),  # no type: a number's bounds
-    ({"type": "object", "properties": {"x": {"type": ["number", "null"], "exclusiveMaximum": 1.5}}},
-     ["properties.x", "exclusiveMaximum 1.5"]),
+    ({"type": "number", "minimum": 1e-300}, ["minimum 1e-300", "more than 20 fraction digits"]),
+    ({"maximum": 1e-21}, ["maximum 1e-21", "fraction digits"]),  # no type: a number's bounds
+    ({"type": "object", "properties": {"x": {"type": ["number", "null"], "exclusiveMaximum": 1.5e-25}}},
+     ["properties.x", "exclusiveMaximum 1.5e-25"]),
     ({"type": "number", "minimum": 1, "exclusiveMaximum": 1}, ["no number lies between"]),
+    ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 0.5}, ["no number lies between", "minimum 0.5"]),
+    ({"type": "number", "exclusiveMinimum": 0.75, "maximum": 0.25}, ["no number lies between",
+                                                                     "exclusiveMinimum 0.75"]),
 ])
 def test_bounds_that_cannot_be_enforced_are_refused_with_the_keyword_named(schema, words):
     with pytest.raises(GrammarError) as info:
@@ -119,10 +123,53 @@ def test_the_schema_check_reads_bounds_as_the_grammar_does():
     assert not conforms(0, {"type": "integer", "minimum": 0, "exclusiveMinimum": True})
     assert conforms(2.5, {"type": "number", "maximum": 3}) and not conforms(3, {"type": "number",
                                                                                "exclusiveMaximum": 3})
+    assert conforms(0.1, {"type": "number", "minimum": 0.1}) and not conforms(0.1, {"exclusiveMinimum": 0.1,
+                                                                                     "type": "number"})
+    assert conforms(1, {"type": "number", "exclusiveMinimum": 0.5, "maximum": 1.0})
+    assert not conforms(-0.75, {"type": "number", "maximum": -0.5, "exclusiveMinimum": -0.75})
 
 
 FRACTIONS = ("", ".0", ".00", ".5", ".05", ".001", ".999")
 NUMBER_PROBES = [f"{n}{fraction}" for n in range(-14, 15) for fraction in FRACTIONS]
+# Never JSON as Cadence writes it (no "-0", no leading zeros, no exponent), whatever the bounds.
+MALFORMED = ("01", "1.", ".5", "1e2", "+1", "-", "-0", "-0.0", "-0.000", "00.5", "-00.5", "0.5e0", "0..5")
+
+
+def _inside(x: Decimal, low, low_exclusive: bool, high, high_exclusive: bool) -> bool:
+    return ((low is None or (x > low if low_exclusive else x >= low))
+            and (high is None or (x < high if high_exclusive else x <= high)))
+
+
+def _near(bounds) -> list[str]:
+    """Each bound, and the bound +- 10^-k for k = 1..10, written plainly and with trailing zeros."""
+    texts = []
+    for bound in bounds:
+        if bound is None:
+            continue
+        for x in [bound] + [bound + sign * Decimal(10) ** -k for k in range(1, 11) for sign in (-1, 1)]:
+            text = format(x, "f")
+            texts += [text, text + ("0" if "." in text else ".0"), text + ("00" if "." in text else ".00")]
+    return texts
+
+
+def check_number_range(low, low_exclusive: bool, high, high_exclusive: bool) -> None:
+    """The pattern of the bounds (Decimal, None: unbounded) takes a probe exactly where Decimal's
+    comparison puts it inside: the integers and fractions near 0 and every probe near a bound."""
+    empty = low is not None and high is not None and (
+        low > high or (low == high and (low_exclusive or high_exclusive)))
+    if empty:
+        with pytest.raises(ValueError):
+            number_range_pattern(low, low_exclusive, high, high_exclusive)
+        return
+    pattern = re.compile(number_range_pattern(low, low_exclusive, high, high_exclusive))
+    for text in NUMBER_PROBES + _near((low, high)):
+        if text.startswith("-") and Decimal(text) == 0:  # "-0.0": JSON's but never written here
+            assert not pattern.fullmatch(text), text
+            continue
+        inside = _inside(Decimal(text), low, low_exclusive, high, high_exclusive)
+        assert bool(pattern.fullmatch(text)) == inside, (low, low_exclusive, high, high_exclusive, text)
+    for text in MALFORMED:
+        assert not pattern.fullmatch(text), text
 
 
 @pytest.mark.parametrize("low", [None, -7, -1, 0, 1, 5])
@@ -131,20 +178,41 @@ NUMBER_PROBES = [f"{n}{fraction}" for n in range(-14, 15) for fraction in FRACTI
 @pytest.mark.parametrize("high_exclusive", [False, True])
 def test_a_number_range_pattern_matches_exactly_the_decimals_within_it(low, high, low_exclusive,
                                                                        high_exclusive):
-    empty = low is not None and high is not None and (
-        low > high or (low == high and (low_exclusive or high_exclusive)))
-    if empty:
-        with pytest.raises(ValueError):
-            number_range_pattern(low, low_exclusive, high, high_exclusive)
-        return
-    pattern = re.compile(number_range_pattern(low, low_exclusive, high, high_exclusive))
-    for text in NUMBER_PROBES:
-        x = Decimal(text)
-        inside = ((low is None or (x > low if low_exclusive else x >= low))
-                  and (high is None or (x < high if high_exclusive else x <= high)))
-        assert bool(pattern.fullmatch(text)) == inside, (low, low_exclusive, high, high_exclusive, text)
-    for text in ("01", "1.", ".5", "1e2", "+1", "-", "-0", "-0.0"):  # no "-0": a negative is below 0
-        assert not pattern.fullmatch(text), text
+    check_number_range(None if low is None else Decimal(low), low_exclusive,
+                       None if high is None else Decimal(high), high_exclusive)
+
+
+FRACTIONAL_LOWS = [None, "-2.75", "-0.5", "0", "0.05", "0.125", "0.25", "0.5", "1.5", "3.14159"]
+FRACTIONAL_HIGHS = [None, "-0.5", "-0.25", "0", "0.5", "0.75", "1", "1.5", "3.14159", "12.5"]
+
+
+@pytest.mark.parametrize("low", FRACTIONAL_LOWS)
+@pytest.mark.parametrize("high", FRACTIONAL_HIGHS)
+@pytest.mark.parametrize("low_exclusive", [False, True])
+@pytest.mark.parametrize("high_exclusive", [False, True])
+def test_fractional_bounds_match_exactly_the_decimals_within_them(low, high, low_exclusive, high_exclusive):
+    """Same and different integer parts, both sides of zero, one-sided, a bound on an integer."""
+    check_number_range(None if low is None else Decimal(low), low_exclusive,
+                       None if high is None else Decimal(high), high_exclusive)
+
+
+def _random_decimal_ranges(count: int) -> list[tuple[Decimal, Decimal]]:
+    """Bounds of up to 9 fraction digits, below a million in size, nearly half sharing their integer part."""
+    rng = np.random.default_rng(11)
+    out = []
+    for _ in range(count):
+        places = int(rng.integers(0, 7))
+        low = Decimal(int(rng.integers(-10**6, 10**6))).scaleb(-places - int(rng.integers(0, 4)))
+        width = Decimal(int(rng.integers(0, 10 ** int(rng.integers(1, 7))))).scaleb(-int(rng.integers(0, 7)))
+        out.append((low, low + width))
+    return out
+
+
+@pytest.mark.parametrize("low, high", _random_decimal_ranges(100))
+@pytest.mark.parametrize("low_exclusive, high_exclusive", [(False, False), (True, True), (False, True)])
+def test_random_fractional_bounds_match_exactly_the_decimals_within_them(low, high, low_exclusive,
+                                                                         high_exclusive):
+    check_number_range(low, low_exclusive, high, high_exclusive)
 
 
 @pytest.mark.parametrize("schema, bounds", [
@@ -153,9 +221,27 @@ def test_a_number_range_pattern_matches_exactly_the_decimals_within_it(low, high
     ({"minimum": 0, "exclusiveMinimum": True}, (0, True, None, False)),  # draft 4
     ({"minimum": 3, "exclusiveMinimum": 3}, (3, True, None, False)),  # a tie: exclusive
     ({"maximum": 5.0, "exclusiveMaximum": 4}, (None, False, 4, True)),
+    ({"minimum": 0.1, "exclusiveMaximum": 0.9}, (Decimal("0.1"), False, Decimal("0.9"), True)),  # as written
+    ({"minimum": 0.25, "exclusiveMinimum": 0.2}, (Decimal("0.25"), False, None, False)),
+    ({"maximum": 0.5, "exclusiveMaximum": 0.5}, (None, False, Decimal("0.5"), True)),
+    ({"maximum": 2.5, "exclusiveMaximum": True}, (None, False, Decimal("2.5"), True)),  # draft 4
+    ({"minimum": -0.0}, (0, False, None, False)),
+    ({"minimum": 1e-20}, (Decimal("1e-20"), False, None, False)),  # the most fraction digits taken
 ])
 def test_number_bounds_read_as_json_schema_means_them(schema, bounds):
     assert number_bounds(schema) == bounds
+
+
+def test_bounds_of_the_most_digits_a_double_writes_fit_the_pattern_limit_and_hold_to_the_last_digit():
+    high = {"type": "number", "minimum": -98765432109876.55, "maximum": 0.30000000000000004}
+    assert [schema_verdict(high, t) for t in ("0.30000000000000004", "0.30000000000000005",
+                                              "-98765432109876.55", "-98765432109876.551")] == [
+        "complete", "rejected", "complete", "rejected"]
+    low = {"type": "number", "exclusiveMinimum": -1.2345678901234567e-4,
+           "exclusiveMaximum": 9.876543210987654e16}
+    assert [schema_verdict(low, t) for t in ("-0.00012345678901234567", "-0.00012345678901234566",
+                                             "98765432109876539.99", "98765432109876540")] == [
+        "rejected", "complete", "complete", "rejected"]
 
 
 SCORE = {"type": "object", "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1},
@@ -174,6 +260,29 @@ def test_an_object_takes_its_numbers_within_their_bounds_only(text, expected):
     assert schema_verdict(SCORE, text) == expected
     if expected == "complete":
         assert conforms(json.loads(text), SCORE)
+
+
+# pydantic's confloat(gt=0.05, le=0.95) and Field(ge=-2.75, lt=-0.5)
+SHARE = {"type": "object", "properties": {
+    "p": {"type": "number", "exclusiveMinimum": 0.05, "maximum": 0.95},
+    "t": {"type": "number", "minimum": -2.75, "exclusiveMaximum": -0.5},
+}, "required": ["p"]}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"p": 0.5}', "complete"), ('{"p": 0.950}', "complete"), ('{"p": 0.0500001}', "complete"),
+    ('{"p": 0.05', "prefix"), ('{"p": 0.0', "prefix"), ('{"p": 0.', "prefix"),
+    ('{"p": 0.05}', "rejected"), ('{"p": 0.04', "rejected"), ('{"p": 0.9501', "rejected"),
+    ('{"p": 0.96', "rejected"), ('{"p": 1', "rejected"), ('{"p": 0}', "rejected"),
+    ('{"p": 0.5, "t": -2.75}', "complete"), ('{"p": 0.5, "t": -0.50001}', "complete"),
+    ('{"p": 0.5, "t": -1}', "complete"), ('{"p": 0.5, "t": -0.5}', "rejected"),
+    ('{"p": 0.5, "t": -2.7501', "rejected"), ('{"p": 0.5, "t": -3', "rejected"),
+    ('{"p": 0.5, "t": 0', "rejected"), ('{"p": 0.5, "t": -0.4', "rejected"),
+])
+def test_an_object_takes_its_numbers_within_fractional_bounds_only(text, expected):
+    assert schema_verdict(SHARE, text) == expected
+    if expected == "complete":
+        assert conforms(json.loads(text), SHARE)
 
 
 def schema_verdict(schema: dict, text: str) -> str:

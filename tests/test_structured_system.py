@@ -143,16 +143,17 @@ def test_structured_and_free_requests_share_steps(tp2):
 
 def test_an_unenforceable_schema_is_refused_and_the_server_serves_on(tp2):
     client, _ = tp2
-    bad = {"type": "object", "properties": {"n": {"type": "number", "minimum": 1.5}}}
+    bad = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.5}}}
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=USER, max_tokens=5, response_format={
             "type": "json_schema", "json_schema": {"name": "n", "schema": bad}})
-    assert "minimum 1.5" in str(info.value) and "whole numbers" in str(info.value)
+    assert "multipleOf" in str(info.value) and "properties.n" in str(info.value)
     assert person(client, temperature=0, extra_body=NO_THINKING).choices[0].finish_reason == "stop"
 
 
-def test_bounded_integers_and_formats_come_back_within_them(tp2):
-    """A schema with integer ranges (as pydantic writes conint(ge=..., le=...)) and a date and a
+def test_bounded_numbers_and_formats_come_back_within_them(tp2):
+    """A schema with integer ranges (as pydantic writes conint(ge=..., le=...)), number ranges with
+    whole and fractional bounds (confloat(ge=0, le=1), confloat(gt=0.25, le=0.75)) and a date and a
     uuid field, sampled, n=3."""
     client, _ = tp2
     schema = {"type": "object", "properties": {
@@ -160,7 +161,8 @@ def test_bounded_integers_and_formats_come_back_within_them(tp2):
         "count": {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 1000},
         "on": {"type": "string", "format": "date"}, "id": {"type": "string", "format": "uuid"},
         "share": {"type": "number", "minimum": 0, "maximum": 1},
-    }, "required": ["month", "count", "on", "id", "share"]}
+        "ratio": {"type": "number", "exclusiveMinimum": 0.25, "maximum": 0.75},
+    }, "required": ["month", "count", "on", "id", "share", "ratio"]}
     reply = client.chat.completions.create(
         model="tiny", messages=USER, max_tokens=120, n=3, temperature=1.0, seed=3, extra_body=NO_THINKING,
         response_format={"type": "json_schema", "json_schema": {"name": "when", "schema": schema}})
@@ -168,7 +170,7 @@ def test_bounded_integers_and_formats_come_back_within_them(tp2):
         assert choice.finish_reason == "stop"
         value = json.loads(choice.message.content)
         assert conforms(value, schema) and 1 <= value["month"] <= 12 and -3 < value["count"] < 1000, value
-        assert 0 <= value["share"] <= 1, value
+        assert 0 <= value["share"] <= 1 and 0.25 < value["ratio"] <= 0.75, value
 
 
 def test_preempted_structured_requests_still_conform(tight):
