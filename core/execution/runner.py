@@ -28,6 +28,7 @@ from core.execution.decode_graphs import DecodeGraphs
 from core.execution.distributed import TPGroup
 from core.execution.host_to_device import to_device
 from core.execution.kv_cache import FP8_KV_DTYPE, KVCache
+from core.execution.mkl_vml import resolve_vml_dispatch
 from core.execution.model.causal_lm import CausalLM
 from core.execution.model.layers import finish_loading
 from core.execution.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
@@ -59,6 +60,7 @@ def _default_dtype(dtype: torch.dtype):
 def build_model(config: EngineConfig, tp: TPGroup, show_progress: bool = True) -> CausalLM:
     """Construct this rank's shard of the model class registered for the config's model_type, on its
     device, and fill it (checkpoint or dummy weights)."""
+    resolve_vml_dispatch()  # before the first sizable float op of a CPU process (core/execution/mkl_vml.py)
     dtype = TORCH_DTYPES[config.model.dtype]
     device = torch.device(config.device)
     model_class = registered_class(MODEL_TYPES, config.model.model_type, "model type")

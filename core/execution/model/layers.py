@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.execution.distributed import TPGroup
+from core.execution.mkl_vml import resolve_vml_dispatch
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fused import add_rms_norm, rms_norm
 from core.execution.model.linear_method import LinearMethod
@@ -158,6 +159,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
+        resolve_vml_dispatch()  # the tables are often a process's first sizable cos and sin (mkl_vml.py)
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         # [max_positions, head_dim / 2] each; not parameters, not in the checkpoint.
