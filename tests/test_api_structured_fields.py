@@ -160,9 +160,9 @@ def test_a_forced_tool_choice_becomes_tool_call_blocks():
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
      "tool_choice", "both constrain"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"n": {"type": "number", "maximum": 3.5}}}}}],
+        "type": "object", "properties": {"n": {"type": "number", "multipleOf": 3.5}}}}}],
       "tool_choice": "required"},
-     "tool_choice", "maximum 3.5"),
+     "tool_choice", "multipleOf"),
 ])
 def test_what_cannot_be_served_is_refused_naming_the_field(fields, param, words):
     error = refusal(parse_chat_request, **fields)
