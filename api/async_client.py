@@ -40,6 +40,7 @@ from ipc.messages import (
     AbortRequest,
     GenerateRequest,
     OutputDelta,
+    RequestAdmitted,
     RequestFailed,
     ServerInfo,
     ServerInfoQuery,
@@ -60,7 +61,9 @@ class RequestGroup:
 
     `next()` returns the group's next OutputDelta or RequestFailed; `async for` yields them
     until every request has finished. Leaving `async with` (or `close()`) aborts what is unfinished
-    and forgets it: a caller that goes away never leaves a request running.
+    and forgets it: a caller that goes away never leaves a request running. For requests built with
+    `notify_admitted`, `settled()` returns once the scheduler has taken them all (they will not be
+    refused), or once something is queued for `next()`.
     """
 
     def __init__(self, client: AsyncClient, request_ids: Sequence[str]) -> None:
@@ -69,6 +72,8 @@ class RequestGroup:
         self.unfinished = set(self.request_ids)
         self._queue: asyncio.Queue[OutputDelta | RequestFailed | None] = asyncio.Queue()
         self._closed = False
+        self._unadmitted = set(self.request_ids)
+        self._settled = asyncio.Event()
 
     async def __aenter__(self) -> RequestGroup:
         return self
@@ -102,6 +107,23 @@ class RequestGroup:
             raise self._client._failure or ClientError(f"client of {self._client.address} is closed")
         return message
 
+    @property
+    def queued(self) -> bool:
+        """Some output or refusal waits for `next()`."""
+        return not self._queue.empty()
+
+    async def settled(self, timeout_s: float | None = None) -> None:
+        """Until every request is admitted (each was sent with notify_admitted) or something is
+        queued for `next()`: an output, a refusal, or the client's end."""
+        if self._settled.is_set():
+            return
+        timeout = self._client.timeout_s if timeout_s is None else timeout_s
+        try:
+            await asyncio.wait_for(self._settled.wait(), timeout)
+        except TimeoutError:
+            raise ClientTimeout(f"the tokenizer at {self._client.address} did not admit request(s) "
+                                f"{describe_ids(self._unadmitted)} within {timeout} s") from None
+
     def abort(self) -> None:
         """Ask the server to end every unfinished request; each then finishes with "abort"."""
         for rid in self.unfinished:
@@ -120,6 +142,12 @@ class RequestGroup:
         if message is not None and (isinstance(message, RequestFailed) or message.finished):
             self.unfinished.discard(message.request_id)
         self._queue.put_nowait(message)
+        self._settled.set()
+
+    def _admitted(self, request_id: str) -> None:
+        self._unadmitted.discard(request_id)
+        if not self._unadmitted:
+            self._settled.set()
 
 
 class AsyncClient:
@@ -384,6 +412,11 @@ class AsyncClient:
             answer = self._queries.get(message.query_id)
             if answer is not None and not answer.done():
                 answer.set_result(message)
+            return
+        if isinstance(message, RequestAdmitted):
+            admitted = self._groups.get(message.request_id)
+            if admitted is not None:
+                admitted._admitted(message.request_id)
             return
         if not isinstance(message, OutputDelta | RequestFailed):
             log.warning("%s: unexpected %s from %s", self.name, type(message).__name__, self.address)

@@ -53,6 +53,7 @@ from ipc.messages import (
     AbortRequest,
     GenerateRequest,
     OutputDelta,
+    RequestAdmitted,
     RequestFailed,
     ServerInfo,
     ServerInfoQuery,
@@ -249,6 +250,8 @@ class Client:
         if isinstance(message, ServerInfo):
             self._infos.append(message)
             return
+        if isinstance(message, RequestAdmitted):
+            return  # asked for by a request built with notify_admitted; this client waits for outputs
         if not isinstance(message, OutputDelta | RequestFailed):
             log.warning("unexpected %s from the tokenizer at %s", type(message).__name__, self.address)
             return

@@ -105,12 +105,19 @@ class _Call:
         return sorted(self._choices.values(), key=lambda c: c.index)
 
     async def start(self) -> None:
-        """Send the requests and wait for the first output (refusals raise ApiError here)."""
+        """Send the requests and wait until they cannot be refused any more (refusals raise ApiError
+        here): a streamed call until the scheduler has admitted them, so that its response starts
+        while the prefill runs; any other until the first output."""
         try:
             self._group = await self._client.open(self.parsed.requests)
+            if self.parsed.stream:
+                await self._group.settled()
+        except ClientTimeout as e:
+            raise ApiError(504, str(e), None, TIMEOUT) from None
         except ClientError as e:
             raise ApiError(503, str(e), None, UNAVAILABLE) from None
-        self._peeked.append(await self._next())
+        if not self.parsed.stream or self._group.queued:
+            self._peeked.append(await self._next())
 
     def close(self) -> None:
         """Abort whatever is unfinished (the HTTP client went away, or the call failed)."""
@@ -137,9 +144,16 @@ class _Call:
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE stream: opening chunks, a chunk per output, the usage chunk, [DONE]."""
         try:
-            for chunk in self._opening_chunks():
-                yield responses.sse(chunk)
             failed = False
+            # The opening chunks go out with the first output, as vLLM's do, not with the headers.
+            if not self._peeked and self._pending:
+                try:
+                    self._peeked.append(await self._next())
+                except ApiError as e:
+                    yield responses.sse(e.to_dict())
+                    failed = True
+            for chunk in [] if failed else self._opening_chunks():
+                yield responses.sse(chunk)
             while self._pending and not failed:
                 try:
                     output = await self._next()

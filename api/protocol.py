@@ -51,7 +51,15 @@ from typing import Any
 import numpy as np
 import orjson
 
-from api.body_fields import BodyFields, check_unknown, describe, is_int, is_token_id, require_noop
+from api.body_fields import (
+    BodyFields,
+    all_ints,
+    check_unknown,
+    describe,
+    first_bad_token_id,
+    is_token_id,
+    require_noop,
+)
 from api.chat_messages import (
     continued_answer,
     parse_continue_final_message,
@@ -168,6 +176,8 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
                 stream=True,
                 skip_special_tokens=skip_special,
                 return_prompt_text=echo and isinstance(prompt, list),
+                return_prompt_token_ids=prompt_logprobs is not None,
+                notify_admitted=stream,
             ))
     return ParsedRequest("completions", model_name, tuple(requests), n, stream, include_usage,
                          continuous_usage, logprobs, "max_tokens", echo, echo_only, prompt_logprobs)
@@ -220,6 +230,8 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
             continue_final_message=continue_final,
             stream=True,
             skip_special_tokens=skip_special,
+            return_prompt_token_ids=prompt_logprobs is not None,
+            notify_admitted=stream,
         )
         for i in range(n)
     )
@@ -280,7 +292,7 @@ def _parse_prompts(fields: BodyFields) -> list[str | list[int]]:
     value = fields.get("prompt", required=True)
     if isinstance(value, str):
         prompts: list[Any] = [value]
-    elif isinstance(value, list) and value and all(is_int(v) for v in value):
+    elif isinstance(value, list) and value and all_ints(value):
         prompts = [value]
     elif isinstance(value, list) and value:
         prompts = value
@@ -300,7 +312,7 @@ def _parse_prompts(fields: BodyFields) -> list[str | list[int]]:
         elif isinstance(prompt, list):
             if not prompt:
                 raise invalid(where, f"'{where}' must not be an empty array of token ids")
-            bad = next((j for j, t in enumerate(prompt) if not is_token_id(t)), None)
+            bad = first_bad_token_id(prompt)
             if bad is not None:
                 raise invalid(where, f"'{where}[{bad}]' must be a non-negative integer token id, got "
                               f"{describe(prompt[bad])}")

@@ -4,10 +4,10 @@ Three conversations, each one-way in its types:
 
 * clients (the api process, `api.client`) <-> tokenizer, over the tokenizer's ROUTER:
   GenerateRequest, AbortRequest, ServerInfoQuery and TokenizerQuery in; OutputDelta,
-  RequestFailed, ServerInfo and TokenizerAnswer out. Request ids are the client's own; the
+  RequestAdmitted, RequestFailed, ServerInfo and TokenizerAnswer out. Request ids are the client's own; the
   tokenizer keeps them apart per client.
-* tokenizer <-> scheduler: TokenizedRequest and AbortRequest in; TokenDeltas, Rejected and
-  SchedulerStatus out. The launcher also sends ReplicaDown and Shutdown to the scheduler.
+* tokenizer <-> scheduler: TokenizedRequest and AbortRequest in; TokenDeltas, Admitted, Rejected
+  and SchedulerStatus out. The launcher also sends ReplicaDown and Shutdown to the scheduler.
 * scheduler <-> executors: StepReady, Ping and Stop on a replica's doorbell (the plan itself is in
   the shared-memory ring, or in a frame after StepReady when it does not fit a slot); StepDone and
   Pong back. StepDone carries its arrays as raw frames (see ipc/step_frames.py).
@@ -66,6 +66,12 @@ class GenerateRequest:
     detokenize: bool = True  # False: token ids only (batch jobs that decode themselves)
     skip_special_tokens: bool = True
     return_prompt_text: bool = False  # the first output carries the prompt as text (echo of token ids)
+    # The first output carries the prompt's token ids; the REST server, which has a token-id prompt
+    # already and needs a text prompt's ids only for prompt logprobs, asks for them only then.
+    return_prompt_token_ids: bool = True
+    # The client hears RequestAdmitted once the scheduler has taken the request: a streamed REST call
+    # starts its response then, while the prefill runs, instead of after the first token.
+    notify_admitted: bool = False
 
     def __post_init__(self) -> None:
         given = [n for n in ("prompt", "prompt_token_ids", "messages") if getattr(self, n) is not None]
@@ -203,6 +209,15 @@ class ContextOverflow:
 
 @message
 @dataclass(frozen=True)
+class RequestAdmitted:
+    """The scheduler has taken the request (it asked with notify_admitted): from here on it ends
+    with outputs, not with a RequestFailed."""
+
+    request_id: str
+
+
+@message
+@dataclass(frozen=True)
 class RequestFailed:
     """A request refused before it ran; `field` names the offending request field when one did, and
     `context` carries the numbers when it does not fit the context (`message` is then its describe())."""
@@ -249,6 +264,7 @@ class TokenizedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams  # max_tokens always set: the tokenizer fills in what was left to the context
     arrival_s: float  # time.monotonic() when the tokenizer received it
+    notify_admitted: bool = False  # the scheduler names it in Admitted once a replica has taken it
 
     def __post_init__(self) -> None:
         if self.params.max_tokens is None:
@@ -264,6 +280,14 @@ class TokenDeltas:
 
     outputs: list[TokenDelta] = field(metadata=items_fail_alone("invalid_outputs", "request_id"))
     invalid_outputs: list[InvalidItem] = field(default_factory=list)
+
+
+@message
+@dataclass(frozen=True)
+class Admitted:
+    """The requests (that asked with notify_admitted) the scheduler placed on a replica this turn."""
+
+    request_ids: list[str]
 
 
 @message

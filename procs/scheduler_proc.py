@@ -30,6 +30,7 @@ from ipc.channels import BadFrame, PullChannel, PushChannel, wait_readable
 from ipc.codec import decode
 from ipc.messages import (
     AbortRequest,
+    Admitted,
     Ping,
     Pong,
     Rejected,
@@ -97,6 +98,7 @@ class SchedulerProcess:
         self.problems = ProblemLog(log)
         self._pending: list[TokenDelta] = []  # outputs to emit this iteration
         self._rejected: list[Rejected] = []
+        self._admitted: list[str] = []  # placed this iteration, and asked to hear of it
         self._stopping = False
         self._last_status_s = 0.0
 
@@ -210,6 +212,9 @@ class SchedulerProcess:
         for rejected in self._rejected:
             self.outputs.send(rejected)
         self._rejected.clear()
+        if self._admitted:  # after send_plans: the step that prefills them is on its way first
+            self.outputs.send(Admitted(self._admitted))
+            self._admitted = []
         if self._pending:
             for out in self._pending:
                 if out.finished:
@@ -248,6 +253,8 @@ class SchedulerProcess:
         request = Request(msg.request_id, msg.prompt_token_ids, msg.params, arrival_s=msg.arrival_s)
         if not self._place(request, new=True):
             self._rejected.append(Rejected(msg.request_id, self._no_replica_message(), status=503))
+        elif msg.notify_admitted and self.router.replica_of(msg.request_id) is not None:
+            self._admitted.append(msg.request_id)
 
     def _place(self, request: Request, new: bool) -> bool:
         """Route a request to a live replica; False when none is alive. Rejections are reported."""

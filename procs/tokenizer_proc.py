@@ -39,11 +39,13 @@ from ipc.channels import (
 from ipc.codec import decode
 from ipc.messages import (
     AbortRequest,
+    Admitted,
     ContextOverflow,
     GenerateRequest,
     OutputDelta,
     PromptTokenLogprobs,
     Rejected,
+    RequestAdmitted,
     RequestFailed,
     SchedulerStatus,
     ServerInfo,
@@ -117,7 +119,7 @@ class TokenizerProcess:
             self.frontend.also_bind(spec.frontend_tcp)
         self.to_scheduler = PushChannel.connect(spec.to_scheduler, name="requests to the scheduler")
         self.from_scheduler = PullChannel.bind(spec.from_scheduler, name="scheduler outputs",
-                                               types=(TokenDeltas, Rejected, SchedulerStatus))
+                                               types=(TokenDeltas, Admitted, Rejected, SchedulerStatus))
         self.streams: dict[str, Stream] = {}  # by internal id
         self.status: SchedulerStatus | None = None
         self.status_s = time.monotonic()
@@ -205,7 +207,8 @@ class TokenizerProcess:
                        if request.detokenize else None)
         stop = StopStringMatcher(params.stop) if params.stop and request.detokenize else None
         self.streams[internal_id] = Stream(identity, request, len(prompt_ids), detokenizer, stop, prompt_ids)
-        self.to_scheduler.send(TokenizedRequest(internal_id, prompt_ids, params, time.monotonic()))
+        self.to_scheduler.send(TokenizedRequest(internal_id, prompt_ids, params, time.monotonic(),
+                                                request.notify_admitted))
 
     def _tokenize_or_error(self, request: GenerateRequest) -> list[int] | Exception:
         try:
@@ -273,6 +276,11 @@ class TokenizerProcess:
                     if isinstance(bad.key, str):
                         self.end_with_error(bad.key, f"the scheduler sent an invalid output: {bad.error}")
                     self.problems.warning("bad output from the scheduler", bad.error)
+            elif isinstance(msg, Admitted):
+                for request_id in msg.request_ids:
+                    stream = self.streams.get(request_id)
+                    if stream is not None:
+                        self._send(stream.identity, RequestAdmitted(stream.request.request_id))
             elif isinstance(msg, Rejected):
                 stream = self.streams.pop(msg.request_id, None)
                 if stream is not None:
@@ -331,6 +339,7 @@ class TokenizerProcess:
         else:
             new_ids, logprobs = out.new_token_ids, out.logprobs
         prompt_ids, stream.prompt_token_ids = stream.prompt_token_ids, None
+        sent_prompt_ids = prompt_ids if request.return_prompt_token_ids else None
         prompt_text = None
         if prompt_ids is not None and request.return_prompt_text:
             prompt_text = self.tokenizer.decode(prompt_ids)
@@ -339,7 +348,7 @@ class TokenizerProcess:
         self._send(stream.identity, OutputDelta(
             request.request_id, text, list(new_ids), stream.num_prompt_tokens, stream.num_output_tokens,
             out.num_cached_tokens, finished, finish_reason, stop_reason, out.error, tokens,
-            None if logprobs is None else list(logprobs), top, prompt_ids, queue_time_s, prompt_logprobs,
+            None if logprobs is None else list(logprobs), top, sent_prompt_ids, queue_time_s, prompt_logprobs,
             prompt_text,
         ), abort_on_failure=None if finished else out.request_id)
 

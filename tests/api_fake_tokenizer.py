@@ -2,7 +2,8 @@
 
 It speaks the clients' side of ipc/messages.py exactly as the real tokenizer does: it answers a
 GenerateRequest with OutputDeltas (one per step when `stream`, else one at the end; the first
-carries prompt_token_ids), ends an aborted request with finish_reason "abort", fits max_tokens to the
+carries prompt_token_ids when the request asks for them; a request with notify_admitted hears
+RequestAdmitted once taken), ends an aborted request with finish_reason "abort", fits max_tokens to the
 context and refuses what does not fit as the real one does (procs/prompt_checks.py), and answers
 ServerInfoQuery. What it generates is
 scripted, one text piece per token:
@@ -11,6 +12,7 @@ scripted, one text piece per token:
   a few words for completions; a chat offering tools: a thought, a sentence, then a call of the
   first tool with {"city": "Paris"} in Qwen3's `<tool_call>` block); when they run out the request
   stops ("stop"), unless ignore_eos, then it repeats " more" until max_tokens ("length").
+* a prompt with "HOLD_FIRST" produces nothing until `release_held` is set (a long prefill);
 * a prompt with "FOREVER" generates until aborted or max_tokens; one with "ENGINE_ERROR" is ended
   by the "engine" after two tokens with an error; stop strings and stop_token_ids end a request as
   the real detokenizer does.
@@ -42,6 +44,7 @@ from ipc.messages import (
     OutputDelta,
     PromptTokenLogprobs,
     ReplicaInfo,
+    RequestAdmitted,
     RequestFailed,
     ServerInfo,
     ServerInfoQuery,
@@ -95,6 +98,10 @@ class _Generation:
     sent_first: bool = False
 
 
+def _prompt_text(request: GenerateRequest) -> str:
+    return request.prompt or "".join(t.content for t in request.messages or [])
+
+
 class _Stoppable:
     def __init__(self, key_check) -> None:
         self._key_check = key_check
@@ -120,6 +127,7 @@ class FakeTokenizer:
         self.step_s = step_s
         self.serving = True
         self.refusal_prose: str | None = None  # replaces a context refusal's words, keeping its numbers
+        self.release_held = threading.Event()  # lets HOLD_FIRST requests produce their tokens
         self.replicas = [
             ReplicaInfo(replica=0, alive=True, reason=None, num_pages=128, stats=default_stats(),
                         step_execute_s=2.5, step_wait_s=0.125),
@@ -221,18 +229,22 @@ class FakeTokenizer:
         key = tuple(prompt_ids)
         num_cached = len(prompt_ids) - 1 if key in self._seen_prompts else 0
         self._seen_prompts.add(key)
-        text = request.prompt or "".join(t.content for t in request.messages or [])
+        text = _prompt_text(request)
         if "FOREVER" in text:
             pieces: Iterator[str] = (f" w{i}" for i in itertools.count())
         else:
             pieces = iter(self.reply(request))
         self._active[(identity, request.request_id)] = _Generation(identity, request, params, prompt_ids,
                                                                    num_cached, pieces)
+        if request.notify_admitted:
+            self._send(router, identity, RequestAdmitted(request.request_id))
 
     def _step(self, router: RouterChannel) -> None:
         for key, gen in list(self._active.items()):
             if "GO_SILENT" in (gen.request.prompt or "") and len(gen.token_ids) >= 2:
                 continue  # an engine that hangs mid-stream: the request gets nothing more
+            if "HOLD_FIRST" in _prompt_text(gen.request) and not self.release_held.is_set():
+                continue
             finish = self._advance(gen)
             if finish is not None:
                 del self._active[key]
@@ -293,7 +305,8 @@ class FakeTokenizer:
             tokens=[t for t, _, _ in lp] if lp is not None else None,
             logprobs=[v for _, v, _ in lp] if lp is not None else None,
             top_logprobs=[top for _, _, top in lp] if lp is not None else None,
-            prompt_token_ids=None if gen.sent_first else list(gen.prompt_ids),
+            prompt_token_ids=(None if gen.sent_first or not request.return_prompt_token_ids
+                              else list(gen.prompt_ids)),
             queue_time_s=None if gen.sent_first or not gen.pending_ids else 0.25,
             prompt_logprobs=None if gen.sent_first else _prompt_logprobs(gen),
             prompt_text=("".join(f"<{i}>" for i in gen.prompt_ids)

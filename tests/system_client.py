@@ -16,6 +16,7 @@ from ipc.messages import (
     AbortRequest,
     GenerateRequest,
     OutputDelta,
+    RequestAdmitted,
     RequestFailed,
     ServerInfo,
     ServerInfoQuery,
@@ -48,6 +49,7 @@ class Result:
     failed: RequestFailed | None = None
     num_cached_tokens: int = 0
     finished_s: float | None = None
+    admitted_after_outputs: int | None = None  # how many outputs came before its RequestAdmitted
 
 
 class SystemClient:
@@ -94,6 +96,8 @@ class SystemClient:
             if isinstance(msg, RequestFailed):
                 results[msg.request_id].failed = msg
                 open_ids.discard(msg.request_id)
+            elif isinstance(msg, RequestAdmitted):
+                results[msg.request_id].admitted_after_outputs = results[msg.request_id].num_outputs
             elif isinstance(msg, OutputDelta):
                 result = results[msg.request_id]
                 result.text += msg.text

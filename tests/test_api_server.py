@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import socket
 import time
 
@@ -12,7 +13,7 @@ import orjson
 import pytest
 import zmq
 from api_fake_tokenizer import COMPLETION_REPLY, ENGINE_ERROR, FakeTokenizer
-from api_http import UvicornThread, get, post, request, sse_events
+from api_http import Reply, UvicornThread, get, post, request, sse_events
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.protocol import ServedModel
@@ -329,6 +330,40 @@ def test_an_engine_error_is_a_500_or_an_error_event(port):
     assert events[-1] == "[DONE]"
     assert events[-2]["error"]["type"] == "server_error" and ENGINE_ERROR in events[-2]["error"]["message"]
     assert events[-3]["choices"][0]["finish_reason"] == "abort"
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "HOLD_FIRST", "stream": True, "max_tokens": 3}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "HOLD_FIRST"}], "stream": True,
+                              "max_tokens": 3, "chat_template_kwargs": {"enable_thinking": False}}),
+])
+def test_a_stream_starts_its_response_once_admitted_while_its_first_token_is_held(fake, port, path, body):
+    """A streamed call's status and headers go out once the engine has taken its requests, while
+    their prefill runs (the first token is held here until the headers came); the chunks, the chat's
+    role chunk among them, come with the first token."""
+    fake.release_held.clear()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("POST", path, body=orjson.dumps(body), headers={"Content-Type": "application/json"})
+        response = conn.getresponse()  # times out if the headers wait for the first token
+        assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
+        fake.release_held.set()
+        events = sse_events(Reply(response.status, {}, response.read()))
+    finally:
+        fake.release_held.set()
+        conn.close()
+    assert events[-1] == "[DONE]"
+    if path == "/v1/chat/completions":
+        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[1:-1]) == "Hello! How"
+    else:
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == " one two three"
+    (request_sent,) = [r for r in fake.of_type(GenerateRequest) if _prompt_of(r) == "HOLD_FIRST"][-1:]
+    assert request_sent.notify_admitted and not request_sent.return_prompt_token_ids
+
+
+def _prompt_of(request: GenerateRequest) -> str:
+    return request.prompt or "".join(t.content for t in request.messages or [])
 
 
 def test_a_stream_whose_engine_goes_silent_ends_with_a_timeout_event(fake):

@@ -107,6 +107,22 @@ def test_streamed_outputs_arrive_one_per_step_and_join_to_the_whole(reference, r
         assert results[key].num_outputs == GREEDY.max_tokens  # one output per sampled token
 
 
+def test_a_request_that_asks_hears_of_its_admission_before_its_first_output(reference, reference_tokens):
+    """notify_admitted (what a streamed REST call sends, to start its response during the prefill):
+    the scheduler's notice comes before any output; without it none comes; a refused request gets
+    its refusal and no notice."""
+    _, client = reference
+    results = client.generate(_chat(_prompts()), GREEDY, stream=True, notify_admitted=True)
+    for key, expected in reference_tokens.items():
+        assert results[key].token_ids == expected and results[key].admitted_after_outputs == 0
+    quiet = client.generate(_chat(_prompts()), GREEDY, stream=True)
+    assert all(r.admitted_after_outputs is None for r in quiet.values())
+    client.submit("long", SamplingParams(max_tokens=100), prompt_token_ids=list(range(450)),
+                  notify_admitted=True)
+    long = client.collect(["long"])["long"]
+    assert long.failed is not None and long.admitted_after_outputs is None
+
+
 def test_too_long_prompt_is_refused_with_the_numbers(reference):
     _, client = reference
     client.submit("long", SamplingParams(max_tokens=100), prompt_token_ids=list(range(450)))
@@ -299,9 +315,10 @@ def test_killed_executor_with_dp1_fails_every_request_fast_then_shuts_down_clean
                 assert time.monotonic() < deadline, "the serving state stayed true"
                 time.sleep(0.05)
             assert not launcher.serving
-            client.submit("late", params, prompt="anyone?")
+            client.submit("late", params, prompt="anyone?", notify_admitted=True)
             late = client.collect(["late"], timeout_s=10)["late"]
             assert late.failed is not None and late.failed.status == 503
+            assert late.admitted_after_outputs is None  # refused by the scheduler: never admitted
     finally:
         launcher.shutdown()
     assert all(not c.process.is_alive() for c in launcher.children)
