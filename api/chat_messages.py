@@ -1,10 +1,10 @@
 """The `messages` of a chat completion request and its chat-template arguments, checked.
 
 Roles are OpenAI's (system, user, assistant, tool); content is a string or an array of text parts
-(joined with newlines); an assistant turn's `reasoning_content` and `tool_calls` (OpenAI's
-{"id", "type": "function", "function": {"name", "arguments"}}, arguments as JSON text) travel as
-fields of their own of the ChatTurn, for the tokenizer process's chat template. Non-text parts are
-refused, naming the field.
+(joined with newlines); an assistant turn's `reasoning_content` (or `reasoning`, vLLM's name) and
+`tool_calls` (OpenAI's {"id", "type": "function", "function": {"name", "arguments"}}, arguments as
+JSON text) travel as fields of their own of the ChatTurn, for the tokenizer process's chat
+template. Non-text parts are refused, naming the field.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from ipc.messages import ChatTurn, ToolCallTurn
 from procs.prompt_checks import template_message
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
-_MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning_content", "tool_call_id", "tool_calls"})
+_MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning", "reasoning_content", "tool_call_id",
+                             "tool_calls"})
 
 
 def parse_messages(value: Any) -> list[ChatTurn]:
@@ -41,15 +42,25 @@ def parse_messages(value: Any) -> list[ChatTurn]:
                           f"{describe(role)}")
         tool_calls = _tool_calls(message.get("tool_calls"), where, role)
         content = _message_content(message.get("content"), where, role)
-        reasoning = message.get("reasoning_content")
-        if reasoning is not None and (role != "assistant" or not isinstance(reasoning, str)):
-            raise invalid(f"{where}.reasoning_content",
-                          f"'{where}.reasoning_content' must be a string on an assistant message")
+        reasoning = _reasoning(message, where, role)
         for name in ("name", "tool_call_id"):
             if message.get(name) is not None and not isinstance(message[name], str):
                 raise invalid(f"{where}.{name}", f"'{where}.{name}' must be a string")
         turns.append(ChatTurn(role=role, content=content, reasoning_content=reasoning, tool_calls=tool_calls))
     return turns
+
+
+def _reasoning(message: dict[str, Any], where: str, role: str) -> str | None:
+    """An assistant turn's reasoning, under either name (`reasoning`, vLLM's; `reasoning_content`)."""
+    given = {name: message[name] for name in ("reasoning", "reasoning_content")
+             if message.get(name) is not None}
+    for name, value in given.items():
+        if role != "assistant" or not isinstance(value, str):
+            raise invalid(f"{where}.{name}", f"'{where}.{name}' must be a string on an assistant message")
+    if len(set(given.values())) > 1:
+        raise invalid(f"{where}.reasoning", f"'{where}.reasoning' and '{where}.reasoning_content' differ; "
+                      "they are two names of one field: give one")
+    return next(iter(given.values()), None)
 
 
 def _tool_calls(value: Any, where: str, role: str) -> list[ToolCallTurn] | None:

@@ -373,11 +373,16 @@ class ChatCall(_Call):
         reasoning, content, calls = self._split(choice, output)
         delta: dict[str, Any] = {}
         if reasoning:
-            delta["reasoning_content"] = reasoning
+            delta.update(responses.reasoning_fields(reasoning))
         if content:
             delta["content"] = content
         if calls:
             delta["tool_calls"] = calls
+        if not delta and output.token_ids:
+            # Tokens with no text yet (a character's first bytes, a special token, text a parser
+            # holds back) still get a chunk, as on /v1/completions and vLLM's server: a client
+            # timing tokens by chunks (vLLM's `bench serve`) sees every step.
+            delta["content"] = ""
         logprobs = self._logprobs(output)
         if not (delta or logprobs or output.finished):
             return []

@@ -4,10 +4,10 @@ The response half of the wire format whose request half is api/protocol.py: comp
 chat.completion objects, their streamed chunks and SSE framing, usage, and logprobs in each
 endpoint's shape. api/openai_serving.py fills them from OutputDeltas.
 
-Shapes (OpenAI's, plus vLLM's `stop_reason` and `reasoning_content`):
+Shapes (OpenAI's, plus vLLM's `stop_reason`, and the reasoning as `reasoning` and `reasoning_content`):
 * completion choice: {index, text, logprobs, finish_reason, stop_reason}; its logprobs are
   {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
-* chat choice: {index, message: {role, content, reasoning_content}, logprobs, finish_reason,
+* chat choice: {index, message: {role, content, reasoning, reasoning_content}, logprobs, finish_reason,
   stop_reason}; a chunk's choice has `delta` instead of `message`; logprobs are
   {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
 * usage: {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details: {cached_tokens}}.
@@ -127,12 +127,19 @@ def completion_chunk(call_id: str, created: int, model: str, choices: list[dict[
 # --- /v1/chat/completions -------------------------------------------------------------------------
 
 
+def reasoning_fields(reasoning: str | None) -> dict[str, str | None]:
+    """The reasoning under both names clients read: `reasoning` (vLLM's since 0.11, whose
+    `bench serve` times a thinking reply's first chunk by it) and `reasoning_content` (SGLang's,
+    DeepSeek's, and vLLM's before)."""
+    return {"reasoning": reasoning, "reasoning_content": reasoning}
+
+
 def chat_message(content: str, reasoning_content: str | None,
                  tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """An assistant message; with tool calls, content is null when the reply said nothing else."""
     if not tool_calls:
-        return {"role": "assistant", "content": content, "reasoning_content": reasoning_content}
-    return {"role": "assistant", "content": content or None, "reasoning_content": reasoning_content,
+        return {"role": "assistant", "content": content, **reasoning_fields(reasoning_content)}
+    return {"role": "assistant", "content": content or None, **reasoning_fields(reasoning_content),
             "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in tool_calls]}
 
 

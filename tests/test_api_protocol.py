@@ -79,6 +79,11 @@ MALFORMED = [
      "messages[0].tool_calls[0].function", "'function': {'name'"),
     ("chat", {"messages": [{"role": "user", "content": "x", "reasoning_content": "hm"}]}, 400,
      "messages[0].reasoning_content", "on an assistant message"),
+    ("chat", {"messages": [{"role": "user", "content": "x", "reasoning": "hm"}]}, 400,
+     "messages[0].reasoning", "on an assistant message"),
+    ("chat", {"messages": [{"role": "assistant", "content": "4", "reasoning": "2+2",
+                            "reasoning_content": "3"}]},
+     400, "messages[0].reasoning", "two names of one field"),
     # sampling fields: types
     ("completions", {**COMPLETION, "temperature": "hot"}, 400, "temperature", "number, got a string"),
     ("completions", {**COMPLETION, "temperature": True}, 400, "temperature", "must be a number"),
@@ -314,11 +319,15 @@ def test_chat_messages_become_turns_with_text_parts_joined():
          "name": "ann"},
         {"role": "assistant", "content": None},
         {"role": "assistant", "content": "4", "reasoning_content": "2+2"},
+        {"role": "assistant", "content": "5", "reasoning": "2+3"},  # vLLM's name for it
+        {"role": "assistant", "content": "6", "reasoning": "3+3", "reasoning_content": "3+3"},
         {"role": "tool", "content": "42", "tool_call_id": "c1"},
     ])
     assert parsed.requests[0].messages == [
         ChatTurn("system", "be brief"), ChatTurn("user", "one\ntwo"), ChatTurn("assistant", ""),
-        ChatTurn("assistant", "4", reasoning_content="2+2"), ChatTurn("tool", "42")]
+        ChatTurn("assistant", "4", reasoning_content="2+2"),
+        ChatTurn("assistant", "5", reasoning_content="2+3"),
+        ChatTurn("assistant", "6", reasoning_content="3+3"), ChatTurn("tool", "42")]
 
 
 def test_chat_thinking_switch_and_logprobs():

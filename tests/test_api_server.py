@@ -219,6 +219,7 @@ def test_chat_completion_object_splits_reasoning(port, fake):
     (choice,) = body["choices"]
     assert set(choice) == CHAT_CHOICE_KEYS
     assert choice["message"] == {"role": "assistant", "content": "Hello! How can I help?",
+                                 "reasoning": "The user greets me.",
                                  "reasoning_content": "The user greets me."}
     assert (choice["finish_reason"], choice["logprobs"]) == ("stop", None)
     assert_usage(body["usage"], chatml_len(HELLO), 16)
@@ -230,7 +231,7 @@ def test_chat_without_thinking_is_all_content(port, fake):
     body = post(port, "/v1/chat/completions", {"messages": HELLO, "chat_template_kwargs":
                                                {"enable_thinking": False}}).json()
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello! How can I help?",
-                                             "reasoning_content": None}
+                                             "reasoning": None, "reasoning_content": None}
     assert body["usage"]["prompt_tokens"] == chatml_len(HELLO, enable_thinking=False)
     assert requests_of(fake, body["id"])[0].enable_thinking is False
 
@@ -247,11 +248,13 @@ def test_chat_stream_role_first_then_reasoning_then_content(port):
         assert mine[0]["delta"] == {"role": "assistant", "content": ""}
         assert all(set(c) == {"index", "delta", "logprobs", "finish_reason", "stop_reason"} for c in mine)
         reasoning = "".join(c["delta"].get("reasoning_content", "") for c in mine)
+        assert all(c["delta"].get("reasoning") == c["delta"].get("reasoning_content") for c in mine)
         content = "".join(c["delta"].get("content", "") for c in mine)
         message = whole["choices"][index]["message"]
         assert (reasoning, content) == (message["reasoning_content"], message["content"])
         first_content = next(i for i, c in enumerate(mine) if c["delta"].get("content"))
-        assert all("reasoning_content" not in c["delta"] for c in mine[first_content:])
+        assert all("reasoning_content" not in c["delta"] and "reasoning" not in c["delta"]
+                   for c in mine[first_content:])
         assert [c["finish_reason"] for c in mine][-1] == "stop"
     assert_usage(usage_chunk["usage"], chatml_len(HELLO), 32, cached_tokens=chatml_len(HELLO) - 1)
 
