@@ -452,6 +452,27 @@ def test_a_streaming_client_that_disconnects_aborts_its_request(port, fake):
     assert fake.wait_for(lambda: fake.num_active == 0)
 
 
+def test_a_streaming_client_gone_before_its_first_token_aborts_its_request(port, fake):
+    """The response started at admission; a client that leaves while the prefill runs (its first
+    token held here) still has its request aborted."""
+    fake.release_held.clear()
+    try:
+        sock = open_raw_request(port, "/v1/completions", {"prompt": "HOLD_FIRST held-gone", "stream": True,
+                                                          "max_tokens": 5})
+        received = b""
+        while b"\r\n\r\n" not in received:
+            chunk = sock.recv(65536)
+            assert chunk, f"the server closed the connection after {received[:300]!r}"
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 200")
+        sock.close()
+        (sent,) = sent_with(fake, "held-gone")
+        assert fake.wait_for(lambda: sent.request_id in [a.request_id for a in fake.of_type(AbortRequest)])
+        assert fake.wait_for(lambda: fake.num_active == 0)
+    finally:
+        fake.release_held.set()
+
+
 def test_a_waiting_client_that_disconnects_aborts_all_its_choices(port, fake):
     body = {"prompt": "FOREVER whole-gone", "n": 3, "max_tokens": 4000}
     sock = open_raw_request(port, "/v1/completions", body)
