@@ -391,6 +391,9 @@ def test_a_silent_tokenizer_gives_504_and_503_naming_its_address(tmp_path):
     with contextlib.closing(silent), UvicornThread(build_app(config)) as server:
         assert_error(post(server.port, "/v1/completions", {"prompt": "x"}), 504, None,
                      f"the tokenizer at {address} sent nothing", "timeout_error")
+        # A streamed call waits for its admission, not for its first token; neither comes here.
+        assert_error(post(server.port, "/v1/completions", {"prompt": "x", "stream": True}), 504, None,
+                     f"the tokenizer at {address} did not admit request(s)", "timeout_error")
         health = get(server.port, "/health")
         assert health.status == 503 and address in health.json()["reason"]
         assert get(server.port, "/metrics").status == 200  # the api's own metrics still scrape
