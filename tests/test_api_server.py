@@ -440,36 +440,27 @@ def sent_with(fake, marker: str) -> list[GenerateRequest]:
             if marker in (r.prompt or "") or any(marker in t.content for t in r.messages or [])]
 
 
-def test_a_streaming_client_that_disconnects_aborts_its_request(port, fake):
-    sock = open_raw_request(port, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "FOREVER stream-gone"}], "stream": True, "max_tokens": 4000})
-    received = b""
-    while received.count(b"data: ") < 3:
-        chunk = sock.recv(65536)
-        assert chunk, f"the server closed the connection after {received[:300]!r}"
-        received += chunk
-    assert received.startswith(b"HTTP/1.1 200")
-    sock.close()
-    (sent,) = sent_with(fake, "stream-gone")
-    assert fake.wait_for(lambda: sent.request_id in [a.request_id for a in fake.of_type(AbortRequest)])
-    assert fake.wait_for(lambda: fake.num_active == 0)
-
-
-def test_a_streaming_client_gone_before_its_first_token_aborts_its_request(port, fake):
-    """The response started at admission; a client that leaves while the prefill runs (its first
-    token held here) still has its request aborted."""
+@pytest.mark.parametrize("path, body, marker, enough", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "FOREVER stream-gone"}],
+                              "stream": True, "max_tokens": 4000},
+     "stream-gone", lambda got: got.count(b"data: ") >= 3),
+    ("/v1/completions", {"prompt": "HOLD_FIRST held-gone", "stream": True, "max_tokens": 5}, "held-gone",
+     lambda got: b"\r\n\r\n" in got),
+], ids=["after three chunks", "before its first token"])
+def test_a_streaming_client_that_disconnects_aborts_its_request(port, fake, path, body, marker, enough):
+    """Also one that leaves while its prefill runs: its response started at admission, its first
+    token is held here."""
     fake.release_held.clear()
     try:
-        sock = open_raw_request(port, "/v1/completions", {"prompt": "HOLD_FIRST held-gone", "stream": True,
-                                                          "max_tokens": 5})
+        sock = open_raw_request(port, path, body)
         received = b""
-        while b"\r\n\r\n" not in received:
+        while not enough(received):
             chunk = sock.recv(65536)
             assert chunk, f"the server closed the connection after {received[:300]!r}"
             received += chunk
         assert received.startswith(b"HTTP/1.1 200")
         sock.close()
-        (sent,) = sent_with(fake, "held-gone")
+        (sent,) = sent_with(fake, marker)
         assert fake.wait_for(lambda: sent.request_id in [a.request_id for a in fake.of_type(AbortRequest)])
         assert fake.wait_for(lambda: fake.num_active == 0)
     finally:
