@@ -10,7 +10,9 @@ scheduler's step trace (procs/step_trace.py), so one request splits into:
   to_scheduler  the client's send to the scheduler's routing (HTTP, the API, tokenization, IPC);
   to_plan       routing to the first step with its prompt tokens being sent to the executor;
   step          that step sent to its result back at the scheduler (the executor's `executed` beside);
-  to_client     the result back to the first token at the client (detokenization, the stream).
+  to_client     the result back to the first token at the client (detokenization, the stream);
+  host          all of the TTFT but the executor's own time for the step (`executed`): the server's
+                share, which the processes and hops cost.
 
 Meant for concurrency 1, where each request's first step is its prefill alone; a prompt prefilled
 in chunks counts its last chunk's step.
@@ -63,7 +65,8 @@ def breakdown(requests: list[dict], arrivals, sent: dict, done: dict) -> list[di
         step_done, executed = done[key]
         rows.append({"to_scheduler": (arrival[0] - sent_at) * 1e3, "to_plan": (step_sent - arrival[0]) * 1e3,
                      "step": (step_done - step_sent) * 1e3, "to_client": (first_token - step_done) * 1e3,
-                     "executed": executed, "ttft": request["ttft_ms"]})
+                     "executed": executed, "ttft": request["ttft_ms"],
+                     "host": None if executed is None else request["ttft_ms"] - executed})
     return rows
 
 
@@ -81,7 +84,7 @@ def main() -> None:
     if not rows:
         raise SystemExit("no request matched the trace (was the server at DEBUG, the load's clock the same?)")
     medians = {k: statistics.median(r[k] for r in rows if r[k] is not None)
-               for k in (*PHASES, "executed", "ttft") if any(r[k] is not None for r in rows)}
+               for k in (*PHASES, "executed", "ttft", "host") if any(r[k] is not None for r in rows)}
     print(f"{len(rows)} requests, medians (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in medians.items()))
     if args.out:
         with open(args.out, "w") as f:

@@ -38,7 +38,7 @@ def test_a_request_splits_into_its_processes_phases(monkeypatch, caplog):
     (row,) = breakdown(requests, arrivals, sent, done)
     assert row["to_scheduler"] == pytest.approx(2.0) and row["to_plan"] == pytest.approx(0.5)
     assert row["step"] == pytest.approx(51.5) and row["to_client"] == pytest.approx(1.0)
-    assert row["executed"] == 51.0
+    assert row["executed"] == 51.0 and row["host"] == pytest.approx(4.0)  # 55 - 51: the server's share
     assert sum(row[k] for k in ("to_scheduler", "to_plan", "step", "to_client")) == pytest.approx(55.0)
 
 
