@@ -3,9 +3,13 @@
 api/server.py parses a body (api/protocol.py), then makes a `CompletionCall` or `ChatCall` and
 either `await call.collect()` (stream false: the response object) or iterates `call.events()`
 (stream true: SSE bytes, ending with [DONE]). Both first `await call.start()`, which sends the
-requests and waits for the first output, so that a refused request (a prompt over the context
-length) still gets a plain 4xx instead of a stream that starts and then fails. `close()` aborts
-whatever is unfinished; the server calls it when the HTTP client goes away.
+requests and waits until they can no longer be refused (a streamed call until the scheduler has
+admitted them, so that its response starts during the prefill; a whole one until the first
+output), so that a refused request (a prompt over the context length) still gets a plain 4xx
+instead of a stream that starts and then fails. `close()` aborts whatever is unfinished; the
+server calls it when the HTTP client goes away. With vLLM's `return_token_ids` the choices carry
+their `token_ids` (a stream's per chunk) and the prompt's `prompt_token_ids` (a completion's in
+its choices, a chat's beside them; a stream's in its first chunk).
 
 A call sends every request with stream=True, streamed HTTP response or not: the per-output timings
 feed the latency histograms (api/metrics.py), and an abort finds the request's text so far.
@@ -29,53 +33,13 @@ from typing import Any
 
 from api import responses
 from api.async_client import AsyncClient, RequestGroup
+from api.choice_state import ChoiceState
 from api.client_errors import ClientError, ClientTimeout
 from api.errors import SERVER_ERROR, TIMEOUT, UNAVAILABLE, ApiError, error_object
 from api.metrics import ApiMetrics, RequestTiming
 from api.protocol import ParsedRequest
-from api.reasoning import ReasoningSplitter
 from api.tool_call_parser import ToolCallParser
 from ipc.messages import OutputDelta, RequestFailed
-
-
-class ChoiceState:
-    """One choice of a call: what it has produced so far."""
-
-    def __init__(self, index: int, timing: RequestTiming, split_reasoning: bool,
-                 tool_parser: ToolCallParser | None = None):
-        self.index = index
-        self.timing = timing
-        self.splitter = ReasoningSplitter() if split_reasoning else None
-        self.tool_parser = tool_parser  # chat with tools: calls taken out of the content
-        self.text: list[str] = []  # completions
-        self.content: list[str] = []  # chat
-        self.reasoning: list[str] = []  # chat
-        self.tool_calls: list[dict[str, Any]] = []  # chat with tools
-        self.logprobs: list[dict[str, Any]] = []  # per output, in the endpoint's shape
-        self.text_offset = 0
-        self.echoed = False  # completions with echo: the prompt went out before the first text
-        self.prompt_logprobs: list[dict[str, Any] | None] | None = None  # its prompt_logprobs, when asked
-        self.num_prompt_tokens = 0
-        self.num_output_tokens = 0
-        self.num_cached_tokens = 0
-        self.finished = False
-        self.finish_reason: str | None = None
-        self.stop_reason: str | int | None = None
-        self.error: str | None = None
-
-    def update(self, output: OutputDelta, now_s: float) -> None:
-        self.num_prompt_tokens = output.num_prompt_tokens
-        self.num_output_tokens = output.num_output_tokens
-        self.num_cached_tokens = output.num_cached_tokens
-        if output.queue_time_s is not None:
-            self.timing.on_queued(output.queue_time_s)
-        self.timing.on_tokens(len(output.token_ids), now_s)
-        if output.finished:
-            self.finished = True
-            self.finish_reason = output.finish_reason
-            self.stop_reason = output.stop_reason
-            self.error = output.error
-            self.timing.on_finish(output.finish_reason, now_s)
 
 
 class _Call:
@@ -268,7 +232,15 @@ class CompletionCall(_Call):
         prompt = self.parsed.requests[choice.index].prompt
         return (prompt if prompt is not None else output.prompt_text or "") + output.text
 
+    def _token_ids(self, choice: ChoiceState, output: OutputDelta) -> list[int]:
+        """The output's token ids; with echo, the choice's first starts with the prompt's (vLLM's)."""
+        if self.parsed.echo and not choice.echoed:
+            return [*(output.prompt_token_ids or []), *output.token_ids]
+        return list(output.token_ids)
+
     def _accumulate(self, choice: ChoiceState, output: OutputDelta) -> None:
+        if self.parsed.return_token_ids:
+            choice.token_ids += self._token_ids(choice, output)
         choice.text.append(self._echoed(choice, output))
         part = self._logprobs(choice, output)
         if part is not None:
@@ -288,6 +260,9 @@ class CompletionCall(_Call):
                 responses.merge_completion_logprobs(c.logprobs) if self.parsed.logprobs is not None else None)
             for c in self.choices
         ]
+        if self.parsed.return_token_ids:
+            for rendered, c in zip(choices, self.choices, strict=True):
+                rendered["prompt_token_ids"], rendered["token_ids"] = c.prompt_token_ids, c.token_ids
         return responses.completion(self.call_id, self.created, self.parsed.model, choices, self._usage())
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -296,12 +271,17 @@ class CompletionCall(_Call):
 
     def _chunks(self, choice: ChoiceState, output: OutputDelta) -> list[dict[str, Any]]:
         logprobs = self._logprobs(choice, output)
+        token_ids = self._token_ids(choice, output) if self.parsed.return_token_ids else None
         text = self._echoed(choice, output)
         if not (text or output.token_ids or output.finished):
             return []
         rendered = self._choice(choice, text, output.finish_reason, output.stop_reason, logprobs)
         if output.prompt_logprobs is None:
             rendered.pop("prompt_logprobs", None)  # the prompt's logprobs go out in the first chunk only
+        if token_ids is not None:
+            if output.prompt_token_ids is not None:  # the first chunk only, as vLLM's
+                rendered["prompt_token_ids"] = output.prompt_token_ids
+            rendered["token_ids"] = token_ids
         return [self._chunk([rendered])]
 
 
@@ -342,6 +322,8 @@ class ChatCall(_Call):
         choice.reasoning.append(reasoning)
         choice.content.append(content)
         choice.tool_calls += calls
+        if self.parsed.return_token_ids:
+            choice.token_ids += output.token_ids
         part = self._logprobs(output)
         if part is not None:
             choice.logprobs.append(part)
@@ -355,10 +337,14 @@ class ChatCall(_Call):
             message = responses.chat_message("".join(c.content), "".join(c.reasoning) or None, c.tool_calls)
             choices.append(responses.chat_choice(c.index, message, self._finish_reason(c, c.finish_reason),
                                                  c.stop_reason, logprobs))
+            if self.parsed.return_token_ids:
+                choices[-1]["token_ids"] = c.token_ids
         reply = responses.chat_completion(self.call_id, self.created, self.parsed.model, choices,
                                           self._usage())
         if self.parsed.prompt_logprobs is not None:  # every choice has the same prompt
             reply["prompt_logprobs"] = self.choices[0].prompt_logprobs
+        if self.parsed.return_token_ids:  # beside the choices, as vLLM's
+            reply["prompt_token_ids"] = self.choices[0].prompt_token_ids
         return reply
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -366,8 +352,11 @@ class ChatCall(_Call):
                                     self.parsed.include_usage, usage)
 
     def _opening_chunks(self) -> list[dict[str, Any]]:
-        return [self._chunk([responses.chat_delta_choice(c.index, {"role": "assistant", "content": ""})])
-                for c in self.choices]
+        chunks = [self._chunk([responses.chat_delta_choice(c.index, {"role": "assistant", "content": ""})])
+                  for c in self.choices]
+        if self.parsed.return_token_ids and self._peeked:  # the first chunk, beside its choices (vLLM's)
+            chunks[0]["prompt_token_ids"] = self._peeked[0].prompt_token_ids
+        return chunks
 
     def _chunks(self, choice: ChoiceState, output: OutputDelta) -> list[dict[str, Any]]:
         reasoning, content, calls = self._split(choice, output)
@@ -387,8 +376,11 @@ class ChatCall(_Call):
         if not (delta or logprobs or output.finished):
             return []
         finish_reason = self._finish_reason(choice, output.finish_reason)
-        return [self._chunk([responses.chat_delta_choice(choice.index, delta, finish_reason,
-                                                         output.stop_reason, logprobs)])]
+        rendered = responses.chat_delta_choice(choice.index, delta, finish_reason, output.stop_reason,
+                                               logprobs)
+        if self.parsed.return_token_ids:
+            rendered["token_ids"] = list(output.token_ids)
+        return [self._chunk([rendered])]
 
 
 def make_call(parsed: ParsedRequest, client: AsyncClient, metrics: ApiMetrics, call_id: str,

@@ -82,7 +82,7 @@ _KNOBS = tuple(c for c in SAMPLING_COLUMNS if c.name in SamplingParams.__datacla
 _COMMON_FIELDS = frozenset({
     "model", "max_tokens", "n", "stop", "stop_token_ids", "ignore_eos", "logprobs", "min_tokens", "user",
     "stream", "stream_options", "skip_special_tokens", "logit_bias", "include_stop_str_in_output",
-    "truncate_prompt_tokens", *(c.name for c in _KNOBS), *STRUCTURED_FIELDS,
+    "truncate_prompt_tokens", "return_token_ids", *(c.name for c in _KNOBS), *STRUCTURED_FIELDS,
 })
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of", "prompt_logprobs"}
 CHAT_FIELDS = _COMMON_FIELDS | {
@@ -125,6 +125,8 @@ class ParsedRequest:
     echo_only: bool = False  # completions: echo with max_tokens 0: the sampled token is dropped
     prompt_logprobs: int | None = None  # the body's prompt_logprobs (vLLM's)
     tools: ToolSettings = ToolSettings(None, True)  # chat: the functions offered; calls parsed if any
+    # vLLM's return_token_ids: the prompt's and the output's token ids beside the text
+    return_token_ids: bool = False
 
     @property
     def num_prompts(self) -> int:
@@ -162,6 +164,7 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
     echo_only = echo and max_tokens == 0
     stream, include_usage, continuous_usage = _parse_stream(fields, "/v1/completions", strict_fields)
     skip_special = fields.bool("skip_special_tokens", True)
+    return_token_ids = fields.bool("return_token_ids", False)
     params = _sampling_params(fields, model, 1 if echo_only else max_tokens, "max_tokens", logprobs,
                               "logprobs", max(scored) if scored else None,
                               parse_structured_output(fields, reasoning=False))
@@ -176,11 +179,12 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
                 stream=True,
                 skip_special_tokens=skip_special,
                 return_prompt_text=echo and isinstance(prompt, list),
-                return_prompt_token_ids=prompt_logprobs is not None,
+                return_prompt_token_ids=prompt_logprobs is not None or return_token_ids,
                 notify_admitted=stream,
             ))
     return ParsedRequest("completions", model_name, tuple(requests), n, stream, include_usage,
-                         continuous_usage, logprobs, "max_tokens", echo, echo_only, prompt_logprobs)
+                         continuous_usage, logprobs, "max_tokens", echo, echo_only, prompt_logprobs,
+                         return_token_ids=return_token_ids)
 
 
 def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
@@ -216,6 +220,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
         raise invalid("prompt_logprobs", "prompt_logprobs is not supported with stream true on chat "
                       "completions (the response carries them once, beside its choices)")
     skip_special = fields.bool("skip_special_tokens", True)
+    return_token_ids = fields.bool("return_token_ids", False)
     logprobs_field = "top_logprobs" if top_logprobs else "logprobs"
     params = _sampling_params(fields, model, max_tokens, max_field, logprobs, logprobs_field, prompt_logprobs,
                               structured_output)
@@ -230,13 +235,14 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
             continue_final_message=continue_final,
             stream=True,
             skip_special_tokens=skip_special,
-            return_prompt_token_ids=prompt_logprobs is not None,
+            return_prompt_token_ids=prompt_logprobs is not None or return_token_ids,
             notify_admitted=stream,
         )
         for i in range(n)
     )
     return ParsedRequest("chat", model_name, requests, n, stream, include_usage, continuous_usage, logprobs,
-                         max_field, prompt_logprobs=prompt_logprobs, tools=tool_settings)
+                         max_field, prompt_logprobs=prompt_logprobs, tools=tool_settings,
+                         return_token_ids=return_token_ids)
 
 
 # --- parts of a request ---------------------------------------------------------------------------

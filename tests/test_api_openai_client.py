@@ -144,3 +144,18 @@ def test_chat_prompt_logprobs_come_once_beside_the_choices_and_not_streamed(serv
     with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
         api.chat.completions.create(model="qwen3-tiny", messages=[{"role": "user", "content": "ab"}],
                                     max_tokens=1, stream=True, extra_body={"prompt_logprobs": 0})
+
+
+def test_return_token_ids_reach_the_official_client_as_extra_fields(servers):
+    """vLLM's return_token_ids through `extra_body`, read as the client's extra fields (RL
+    frameworks take them to skip re-tokenizing)."""
+    api = client(servers[0])
+    reply = api.completions.create(model="qwen3-tiny", prompt=[11, 12, 13], max_tokens=3,
+                                   extra_body={"return_token_ids": True})
+    choice = reply.choices[0].model_extra
+    assert choice["prompt_token_ids"] == [11, 12, 13] and len(choice["token_ids"]) == 3
+    stream = api.chat.completions.create(model="qwen3-tiny", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=4, stream=True, extra_body={"return_token_ids": True})
+    chunks = list(stream)
+    assert chunks[0].model_extra["prompt_token_ids"]  # the chat's rendered prompt, first chunk only
+    assert sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == 4

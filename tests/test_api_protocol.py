@@ -84,6 +84,9 @@ MALFORMED = [
     ("chat", {"messages": [{"role": "assistant", "content": "4", "reasoning": "2+2",
                             "reasoning_content": "3"}]},
      400, "messages[0].reasoning", "two names of one field"),
+    ("completions", {**COMPLETION, "return_token_ids": "yes"}, 400, "return_token_ids", "must be a boolean"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "return_token_ids": 1}, 400, "return_token_ids",
+     "must be a boolean"),
     # sampling fields: types
     ("completions", {**COMPLETION, "temperature": "hot"}, 400, "temperature", "number, got a string"),
     ("completions", {**COMPLETION, "temperature": True}, 400, "temperature", "must be a number"),

@@ -227,6 +227,36 @@ def test_chat_completion_object_splits_reasoning(port, fake):
     assert sent.enable_thinking is True and sent.messages[0].content == "hi"
 
 
+def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(port, fake):
+    """vLLM's return_token_ids: a completion choice carries prompt_token_ids and token_ids (with
+    echo the prompt's first), a chat its token_ids and the prompt's beside the choices; a stream
+    sends the prompt's in its first chunk and the tokens chunk by chunk. Without it, none."""
+    body = {"prompt": [5, 6, 8311], "max_tokens": 3, "return_token_ids": True}
+    (choice,) = post(port, "/v1/completions", body).json()["choices"]
+    assert choice["prompt_token_ids"] == [5, 6, 8311] and len(choice["token_ids"]) == 3
+    chunks = sse_events(post(port, "/v1/completions", {**body, "stream": True}))[:-1]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == [5, 6, 8311]
+    assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == choice["token_ids"]
+    (echoed,) = post(port, "/v1/completions", {**body, "echo": True}).json()["choices"]
+    assert echoed["token_ids"] == [5, 6, 8311, *choice["token_ids"]]
+
+    chat_body = {"messages": HELLO, "max_tokens": 4, "return_token_ids": True}
+    chat = post(port, "/v1/chat/completions", chat_body).json()
+    prompt_ids = [ord(c) % 100_000 for c in render_chatml(HELLO, add_generation_prompt=True)]
+    assert chat["prompt_token_ids"] == prompt_ids and len(chat["choices"][0]["token_ids"]) == 4
+    events = sse_events(post(port, "/v1/chat/completions", {**chat_body, "stream": True}))[:-1]
+    assert events[0]["prompt_token_ids"] == prompt_ids
+    assert all("prompt_token_ids" not in e for e in events[1:])
+    streamed = [t for e in events for t in e["choices"][0].get("token_ids", [])]
+    assert streamed == chat["choices"][0]["token_ids"]
+
+    plain = post(port, "/v1/completions", {"prompt": [5, 6, 8311], "max_tokens": 3, "stream": True}).body
+    assert b"token_ids" not in plain
+    sent = [r for r in fake.of_type(GenerateRequest) if r.prompt_token_ids == [5, 6, 8311]]
+    assert [r.return_prompt_token_ids for r in sent] == [True, True, True, False]
+
+
 def test_chat_without_thinking_is_all_content(port, fake):
     body = post(port, "/v1/chat/completions", {"messages": HELLO, "chat_template_kwargs":
                                                {"enable_thinking": False}}).json()

@@ -223,6 +223,26 @@ def test_tokenize_a_chat_counts_the_chat_completions_prompt(system):
         assert counted["count"] == served["usage"]["prompt_tokens"], extra
 
 
+def test_return_token_ids_are_the_tokenizers_prompt_and_the_sampled_tokens(system):
+    """vLLM's return_token_ids through the real processes: a chat's prompt ids are what /tokenize
+    renders for its messages, a greedy stream's token ids join to the whole reply's, and they
+    detokenize to its text."""
+    port, _ = system
+    body = {"messages": HELLO, "max_tokens": 6, "temperature": 0, "return_token_ids": True,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    whole = post(port, "/v1/chat/completions", body).json()
+    no_thinking = {"chat_template_kwargs": body["chat_template_kwargs"]}
+    rendered = post(port, "/tokenize", {"messages": HELLO, **no_thinking}).json()
+    assert whole["prompt_token_ids"] == rendered["tokens"]
+    ids = whole["choices"][0]["token_ids"]
+    assert len(ids) == whole["usage"]["completion_tokens"] == 6
+    events = sse_events(post(port, "/v1/chat/completions", {**body, "stream": True}))[:-1]
+    assert events[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert [t for e in events for t in e["choices"][0].get("token_ids", [])] == ids
+    text = post(port, "/detokenize", {"tokens": ids}).json()["prompt"]
+    assert text == whole["choices"][0]["message"]["content"]
+
+
 def test_tokenizer_info_names_the_special_tokens_and_bad_bodies_name_their_field(system):
     port, _ = system
     info = get(port, "/tokenizer_info").json()
