@@ -232,15 +232,9 @@ class CompletionCall(_Call):
         prompt = self.parsed.requests[choice.index].prompt
         return (prompt if prompt is not None else output.prompt_text or "") + output.text
 
-    def _token_ids(self, choice: ChoiceState, output: OutputDelta) -> list[int]:
-        """The output's token ids; with echo, the choice's first starts with the prompt's (vLLM's)."""
-        if self.parsed.echo and not choice.echoed:
-            return [*(output.prompt_token_ids or []), *output.token_ids]
-        return list(output.token_ids)
-
     def _accumulate(self, choice: ChoiceState, output: OutputDelta) -> None:
-        if self.parsed.return_token_ids:
-            choice.token_ids += self._token_ids(choice, output)
+        if self.parsed.return_token_ids:  # the output's alone, echo or not (vLLM's)
+            choice.token_ids += output.token_ids
         choice.text.append(self._echoed(choice, output))
         part = self._logprobs(choice, output)
         if part is not None:
@@ -271,17 +265,16 @@ class CompletionCall(_Call):
 
     def _chunks(self, choice: ChoiceState, output: OutputDelta) -> list[dict[str, Any]]:
         logprobs = self._logprobs(choice, output)
-        token_ids = self._token_ids(choice, output) if self.parsed.return_token_ids else None
         text = self._echoed(choice, output)
         if not (text or output.token_ids or output.finished):
             return []
         rendered = self._choice(choice, text, output.finish_reason, output.stop_reason, logprobs)
         if output.prompt_logprobs is None:
             rendered.pop("prompt_logprobs", None)  # the prompt's logprobs go out in the first chunk only
-        if token_ids is not None:
+        if self.parsed.return_token_ids:
             if output.prompt_token_ids is not None:  # the first chunk only, as vLLM's
                 rendered["prompt_token_ids"] = output.prompt_token_ids
-            rendered["token_ids"] = token_ids
+            rendered["token_ids"] = list(output.token_ids)
         return [self._chunk([rendered])]
 
 
