@@ -360,13 +360,14 @@ class ChatCall(_Call):
             delta["content"] = content
         if calls:
             delta["tool_calls"] = calls
-        if not delta and output.token_ids:
-            # Tokens with no text yet (a character's first bytes, a special token, text a parser
-            # holds back) still get a chunk, as on /v1/completions and vLLM's server: a client
-            # timing tokens by chunks (vLLM's `bench serve`) sees every step.
+        if not delta and output.token_ids and not output.text:
+            # Tokens with no text yet (a character's first bytes, a special token) still get a
+            # chunk, as on /v1/completions and from vLLM's server: a client timing tokens by chunks
+            # (vLLM's `bench serve`) sees every step. Text a parser holds back gets none, as there.
             delta["content"] = ""
         logprobs = self._logprobs(output)
-        if not (delta or logprobs or output.finished):
+        with_ids = self.parsed.return_token_ids and bool(output.token_ids)  # every token goes out
+        if not (delta or logprobs or output.finished or with_ids):
             return []
         finish_reason = self._finish_reason(choice, output.finish_reason)
         rendered = responses.chat_delta_choice(choice.index, delta, finish_reason, output.stop_reason,

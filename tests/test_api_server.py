@@ -12,13 +12,14 @@ import time
 import orjson
 import pytest
 import zmq
-from api_fake_tokenizer import COMPLETION_REPLY, ENGINE_ERROR, FakeTokenizer
+from api_fake_tokenizer import COMPLETION_REPLY, ENGINE_ERROR, FakeTokenizer, default_reply
 from api_http import Reply, UvicornThread, get, post, request, sse_events
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
 from core.config import QWEN3_GENERATION_DEFAULTS
+from core.sampling_params import SamplingParams
 from core.tokenizer.chat_template import render_chatml
 from ipc.messages import AbortRequest, GenerateRequest
 
@@ -256,6 +257,30 @@ def test_return_token_ids_gives_the_prompts_and_the_outputs_ids(port, fake):
     assert b"token_ids" not in plain
     sent = [r for r in fake.of_type(GenerateRequest) if r.prompt_token_ids == [5, 6, 8311]]
     assert [r.return_prompt_token_ids for r in sent] == [True, True, True, False]
+
+
+def test_a_chat_stream_chunks_a_token_without_text_but_not_text_a_parser_holds(port):
+    """A token that has no text yet (here pieces of "") gets a chunk with content "" (vLLM's server
+    sends one, and its bench serve times tokens by them); text the tool-call parser holds back gets
+    none, so a tool call's stream carries no empty contents; with return_token_ids every token goes
+    out (in `token_ids`, the delta empty when the parser holds its text)."""
+    def reply(request):
+        return ["", "", "Hi"] if not request.tools else default_reply(request)
+
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    with FakeTokenizer(reply=reply) as quiet, \
+            UvicornThread(build_app(ApiConfig(MODEL, quiet.address, timeout_s=10))) as server:
+        body = {"messages": HELLO, "stream": True, "chat_template_kwargs": {"enable_thinking": False}}
+        events = sse_events(post(server.port, "/v1/chat/completions", body))[:-1]
+        assert [e["choices"][0]["delta"] for e in events] == [
+            {"role": "assistant", "content": ""}, {"content": ""}, {"content": ""}, {"content": "Hi"}, {}]
+        called = sse_events(post(server.port, "/v1/chat/completions", {**body, "tools": tools}))[:-1]
+        deltas = [e["choices"][0]["delta"] for e in called[1:]]
+        assert all(d.get("content") != "" for d in deltas) and any("tool_calls" in d for d in deltas)
+        with_ids = sse_events(post(server.port, "/v1/chat/completions",
+                                   {**body, "tools": tools, "return_token_ids": True}))[:-1]
+        assert sum(len(e["choices"][0].get("token_ids", [])) for e in with_ids) == len(default_reply(
+            GenerateRequest("x", SamplingParams(), messages=[], tools=tools)))
 
 
 def test_chat_without_thinking_is_all_content(port, fake):
