@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from api.address_check import check_answers
-from api.async_client import AsyncClient, RequestGroup
+from api.async_client import AsyncClient
 from api.client_errors import (
     DEFAULT_TIMEOUT_S,
     HANDSHAKE_CHECK_S,
@@ -46,6 +46,7 @@ from api.client_errors import (
     requests_for,
 )
 from api.generation import Generation, GenerationBuilder, Prompt, refused
+from api.request_group import RequestGroup
 from core.sampling_params import SamplingParams
 from ipc.channels import ChannelTimeout, DealerChannel
 from ipc.codec import CodecError

@@ -32,12 +32,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from api import responses
-from api.async_client import AsyncClient, RequestGroup
+from api.async_client import AsyncClient
 from api.choice_state import ChoiceState
 from api.client_errors import ClientError, ClientTimeout
 from api.errors import SERVER_ERROR, TIMEOUT, UNAVAILABLE, ApiError, error_object
+from api.logprob_tokens import tokens_named_by_id
 from api.metrics import ApiMetrics, RequestTiming
 from api.protocol import ParsedRequest
+from api.request_group import RequestGroup
 from api.tool_call_parser import ToolCallParser
 from ipc.messages import OutputDelta, RequestFailed
 
@@ -158,7 +160,8 @@ class _Call:
             except ClientError as e:
                 raise ApiError(503, str(e), None, UNAVAILABLE) from None
             if isinstance(message, OutputDelta):
-                return self._visible(message)
+                return tokens_named_by_id(self._visible(message)) if self.parsed.tokens_as_ids \
+                    else self._visible(message)
             self._choices[message.request_id].finished = True  # refused: it never ran, no finish counted
             raise self._refusal_error(message)
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import orjson
 
 from api.body_fields import (
@@ -57,7 +56,6 @@ from api.body_fields import (
     check_unknown,
     describe,
     first_bad_token_id,
-    is_token_id,
     require_noop,
 )
 from api.chat_messages import (
@@ -67,22 +65,19 @@ from api.chat_messages import (
     parse_template_kwargs,
 )
 from api.errors import ApiError, invalid
+from api.sampling_fields import SAMPLING_FIELDS, sampling_params
 from api.structured_fields import STRUCTURED_FIELDS, parse_structured_output
 from api.tool_fields import ToolSettings, parse_tool_fields
 from core.config import GenerationDefaults
-from core.sampling_params import DEFAULT_MAX_LOGPROBS, SAMPLING_COLUMNS, SamplingParams, SamplingParamsError
+from core.sampling_params import DEFAULT_MAX_LOGPROBS, SamplingParams
 from ipc.messages import GenerateRequest
 
 MAX_CHOICES = 64
 MAX_REQUESTS_PER_CALL = 1024
-MAX_STOP_STRINGS = 64
 
-# The sampler's settings a body sets under their own names (logprobs has fields of its own).
-_KNOBS = tuple(c for c in SAMPLING_COLUMNS if c.name in SamplingParams.__dataclass_fields__)
 _COMMON_FIELDS = frozenset({
-    "model", "max_tokens", "n", "stop", "stop_token_ids", "ignore_eos", "logprobs", "min_tokens", "user",
-    "stream", "stream_options", "skip_special_tokens", "logit_bias", "include_stop_str_in_output",
-    "truncate_prompt_tokens", "return_token_ids", *(c.name for c in _KNOBS), *STRUCTURED_FIELDS,
+    "model", "n", "logprobs", "user", "stream", "stream_options", "skip_special_tokens", "return_token_ids",
+    "return_tokens_as_token_ids", *SAMPLING_FIELDS, *STRUCTURED_FIELDS,
 })
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of", "prompt_logprobs"}
 CHAT_FIELDS = _COMMON_FIELDS | {
@@ -127,6 +122,7 @@ class ParsedRequest:
     tools: ToolSettings = ToolSettings(None, True)  # chat: the functions offered; calls parsed if any
     # vLLM's return_token_ids: the prompt's and the output's token ids beside the text
     return_token_ids: bool = False
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs' tokens as "token_id:<id>"
 
     @property
     def num_prompts(self) -> int:
@@ -165,9 +161,10 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
     stream, include_usage, continuous_usage = _parse_stream(fields, "/v1/completions", strict_fields)
     skip_special = fields.bool("skip_special_tokens", True)
     return_token_ids = fields.bool("return_token_ids", False)
-    params = _sampling_params(fields, model, 1 if echo_only else max_tokens, "max_tokens", logprobs,
-                              "logprobs", max(scored) if scored else None,
-                              parse_structured_output(fields, reasoning=False))
+    tokens_as_ids = fields.bool("return_tokens_as_token_ids", False)
+    params = sampling_params(fields, model.defaults, 1 if echo_only else max_tokens, "max_tokens", logprobs,
+                             "logprobs", max(scored) if scored else None,
+                             parse_structured_output(fields, reasoning=False))
     requests = []
     for p, prompt in enumerate(prompts):
         for i in range(n):
@@ -179,12 +176,13 @@ def parse_completion_request(body: Any, model: ServedModel, request_id: str, *,
                 stream=True,
                 skip_special_tokens=skip_special,
                 return_prompt_text=echo and isinstance(prompt, list),
-                return_prompt_token_ids=prompt_logprobs is not None or return_token_ids,
+                # the echoed prompt's logprobs name its tokens by these ids with tokens_as_ids
+                return_prompt_token_ids=bool(scored) or return_token_ids,
                 notify_admitted=stream,
             ))
     return ParsedRequest("completions", model_name, tuple(requests), n, stream, include_usage,
                          continuous_usage, logprobs, "max_tokens", echo, echo_only, prompt_logprobs,
-                         return_token_ids=return_token_ids)
+                         return_token_ids=return_token_ids, tokens_as_ids=tokens_as_ids)
 
 
 def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
@@ -221,9 +219,10 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
                       "completions (the response carries them once, beside its choices)")
     skip_special = fields.bool("skip_special_tokens", True)
     return_token_ids = fields.bool("return_token_ids", False)
+    tokens_as_ids = fields.bool("return_tokens_as_token_ids", False)
     logprobs_field = "top_logprobs" if top_logprobs else "logprobs"
-    params = _sampling_params(fields, model, max_tokens, max_field, logprobs, logprobs_field, prompt_logprobs,
-                              structured_output)
+    params = sampling_params(fields, model.defaults, max_tokens, max_field, logprobs, logprobs_field,
+                             prompt_logprobs, structured_output)
     requests = tuple(
         GenerateRequest(
             request_id=f"{request_id}-{i}",
@@ -242,7 +241,7 @@ def parse_chat_request(body: Any, model: ServedModel, request_id: str, *,
     )
     return ParsedRequest("chat", model_name, requests, n, stream, include_usage, continuous_usage, logprobs,
                          max_field, prompt_logprobs=prompt_logprobs, tools=tool_settings,
-                         return_token_ids=return_token_ids)
+                         return_token_ids=return_token_ids, tokens_as_ids=tokens_as_ids)
 
 
 # --- parts of a request ---------------------------------------------------------------------------
@@ -329,83 +328,6 @@ def _parse_prompts(fields: BodyFields) -> list[str | list[int]]:
     if len(kinds) > 1:
         raise invalid("prompt", "'prompt' mixes strings and token-id arrays; send one kind per call")
     return prompts
-
-
-def _parse_stop(fields: BodyFields) -> tuple[str, ...]:
-    stop = fields.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise invalid("stop", f"'stop' must be a non-empty string or an array of them, got {describe(stop)}")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise invalid("stop", f"'stop' has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed")
-    return tuple(stops)
-
-
-def _parse_stop_token_ids(fields: BodyFields) -> tuple[int, ...]:
-    ids = fields.get("stop_token_ids")
-    if ids is None:
-        return ()
-    if not isinstance(ids, list) or not all(is_token_id(t) for t in ids):
-        raise invalid("stop_token_ids", "'stop_token_ids' must be an array of non-negative integer token "
-                      f"ids, got {describe(ids)}")
-    return tuple(ids)
-
-
-def _sampling_params(fields: BodyFields, model: ServedModel, max_tokens: int | None, max_field: str,
-                     logprobs: int | None, logprobs_field: str,
-                     prompt_logprobs: int | None = None, structured_output: str = "") -> SamplingParams:
-    """The request's SamplingParams (max_tokens None: up to the context); SamplingParams checks the
-    ranges, errors keep the client's names."""
-    defaults = model.defaults
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            **{c.name: _knob(fields, c.name, c.dtype, defaults) for c in _KNOBS},
-            stop=_parse_stop(fields),
-            stop_token_ids=_parse_stop_token_ids(fields),
-            ignore_eos=fields.bool("ignore_eos", False),
-            min_tokens=fields.int("min_tokens", None, None, default=0),  # type: ignore[arg-type]
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            logit_bias=_parse_logit_bias(fields),
-            include_stop_str_in_output=fields.bool("include_stop_str_in_output", False),
-            truncate_prompt_tokens=fields.int("truncate_prompt_tokens", None, None),
-            structured_output=structured_output,
-        )
-    except SamplingParamsError as e:
-        param = {"max_tokens": max_field, "logprobs": logprobs_field}.get(e.field, e.field)
-        message = str(e).removeprefix(f"{e.field}: ")
-        raise invalid(param, f"'{param}' {message}") from None
-
-
-def _parse_logit_bias(fields: BodyFields) -> tuple[tuple[int, float], ...]:
-    """OpenAI's `logit_bias`: {"token id": bias}; SamplingParams checks the ranges."""
-    value = fields.get("logit_bias")
-    if value is None:
-        return ()
-    if not isinstance(value, dict):
-        raise invalid("logit_bias", "'logit_bias' must be an object of token ids to biases, got "
-                      f"{describe(value)}")
-    pairs = []
-    for key, bias in value.items():
-        if not key.isdigit():
-            raise invalid("logit_bias", "'logit_bias' keys must be token ids (non-negative integers), "
-                          f"got {key!r}")
-        if not isinstance(bias, int | float) or isinstance(bias, bool):
-            raise invalid("logit_bias", f"'logit_bias[{key}]' must be a number, got {describe(bias)}")
-        pairs.append((int(key), float(bias)))
-    return tuple(pairs)
-
-
-def _knob(fields: BodyFields, name: str, dtype: type, defaults: GenerationDefaults) -> float | int | None:
-    """One sampler setting: the body's value, else the checkpoint's generation default where it has
-    one, else SamplingParams' own."""
-    default = getattr(defaults, name, SamplingParams.__dataclass_fields__[name].default)
-    if np.dtype(dtype).kind == "f":
-        return fields.float(name, default)
-    return fields.int(name, None, None, default=default)  # type: ignore[arg-type]
 
 
 def _choice_params(params: SamplingParams, choice: int) -> SamplingParams:

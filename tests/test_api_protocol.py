@@ -85,6 +85,8 @@ MALFORMED = [
                             "reasoning_content": "3"}]},
      400, "messages[0].reasoning", "two names of one field"),
     ("completions", {**COMPLETION, "return_token_ids": "yes"}, 400, "return_token_ids", "must be a boolean"),
+    ("completions", {**COMPLETION, "return_tokens_as_token_ids": 0}, 400, "return_tokens_as_token_ids",
+     "must be a boolean"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "return_token_ids": 1}, 400, "return_token_ids",
      "must be a boolean"),
     # sampling fields: types

@@ -327,6 +327,28 @@ def test_chat_logprobs(port):
     assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 2
 
 
+def test_return_tokens_as_token_ids_names_the_logprobs_tokens_by_id(port):
+    """vLLM's return_tokens_as_token_ids: every token of the logprobs, sampled, top and an echoed
+    prompt's, is "token_id:<id>" (the ids the text came from; the top's "x" is the fake's id 7)."""
+    body = {"prompt": [5, 6, 8312], "max_tokens": 2, "logprobs": 2, "return_token_ids": True}
+    plain = post(port, "/v1/completions", body).json()["choices"][0]
+    named = post(port, "/v1/completions", {**body, "return_tokens_as_token_ids": True}).json()["choices"][0]
+    ids = [f"token_id:{i}" for i in plain["token_ids"]]
+    assert named["logprobs"]["tokens"] == ids
+    assert named["logprobs"]["token_logprobs"] == plain["logprobs"]["token_logprobs"]
+    tops = [sorted(top) for top in named["logprobs"]["top_logprobs"]]
+    assert tops == [sorted([i, "token_id:7"]) for i in ids]
+    echoed = post(port, "/v1/completions", {**body, "echo": True, "return_tokens_as_token_ids": True}).json()
+    assert echoed["choices"][0]["logprobs"]["tokens"] == ["token_id:5", "token_id:6", "token_id:8312", *ids]
+    chat = post(port, "/v1/chat/completions", {"messages": HELLO, "logprobs": True, "top_logprobs": 1,
+                                               "max_completion_tokens": 2, "return_tokens_as_token_ids": True,
+                                               "return_token_ids": True}).json()["choices"][0]
+    (first, second) = chat["logprobs"]["content"]
+    assert [first["token"], second["token"]] == [f"token_id:{i}" for i in chat["token_ids"]]
+    assert first["top_logprobs"][0]["token"] == first["token"]
+    assert first["bytes"] == list(first["token"].encode())
+
+
 # --- errors ---------------------------------------------------------------------------------------
 
 
