@@ -21,7 +21,6 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -43,7 +42,6 @@ from ipc.messages import (
     ContextOverflow,
     GenerateRequest,
     OutputDelta,
-    PromptTokenLogprobs,
     Rejected,
     RequestAdmitted,
     RequestFailed,
@@ -53,12 +51,12 @@ from ipc.messages import (
     TokenDeltas,
     TokenizedRequest,
     TokenizerQuery,
-    TopLogprob,
 )
 from ipc.native_auth import start_key_check
 from ipc.process_specs import Ready, TokenizerSpec
 from ipc.run_lock import remove_once_ended
 from procs.child import become, launcher_died, parent_alive, run_actor
+from procs.output_stream import Stream
 from procs.problem_log import ProblemLog
 from procs.prompt_checks import PromptError, chat_prompt_ids, fit_to_context, prompt_for_params
 from procs.tokenizer_queries import answer_query
@@ -80,27 +78,6 @@ def run_tokenizer(spec_bytes: bytes, ready_conn: Connection) -> None:
     log = become("cadence:tokenizer")
     run_actor(ready_conn, Ready("tokenizer", os.getpid()), log,
               lambda: TokenizerProcess(spec, load_tokenizer(spec.tokenizer_path), log))
-
-
-@dataclass
-class Stream:
-    """One client request between its arrival and its last output."""
-
-    identity: bytes
-    request: GenerateRequest
-    num_prompt_tokens: int
-    detokenizer: IncrementalDetokenizer | None
-    stop: StopStringMatcher | None
-    prompt_token_ids: list[int] | None  # sent with the first output, then dropped
-    num_output_tokens: int = 0
-    queue_time_s: float | None = None  # from the scheduler's first token, until it is sent
-    prompt_logprobs: PromptTokenLogprobs | None = None  # from the scheduler's first token, until sent
-    # Accumulated for a request that does not stream.
-    text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    tokens: list[str] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[TopLogprob]] = field(default_factory=list)
 
 
 class TokenizerProcess:
@@ -293,70 +270,14 @@ class TokenizerProcess:
         stream = self.streams.get(out.request_id)
         if stream is None:
             return  # ended here already (a stop string), the scheduler's abort echo follows
-        request = stream.request
-        stream.num_output_tokens += len(out.new_token_ids)
-        text = ""
-        if stream.detokenizer is not None:
-            text = stream.detokenizer.push(out.new_token_ids)
-            if out.finished:
-                text += stream.detokenizer.finish()
-        finished, finish_reason, stop_reason = out.finished, out.finish_reason, out.stop_reason
-        if stream.stop is not None:
-            check = stream.stop.push(text)
-            text = check.text
-            if check.stopped:
-                text += stream.stop.matched if request.params.include_stop_str_in_output else ""
-                if not finished:
-                    self.to_scheduler.send(AbortRequest(out.request_id))
-                finished, finish_reason, stop_reason = True, "stop", stream.stop.matched
-            elif finished:
-                text += stream.stop.flush()
-        tokens = top = None
-        if out.logprobs is not None:
-            tokens = [self.tokenizer.decode([i]) for i in out.new_token_ids]
-            top = [[TopLogprob(i, self.tokenizer.decode([i]), lp) for i, lp in pairs]
-                   for pairs in (out.top_logprobs or [[] for _ in out.new_token_ids])]
-        if finished:
+        delta, stopped_early = stream.advance(out, self.tokenizer)
+        if stopped_early:  # a stop string ended it before the engine did: free its pages at once
+            self.to_scheduler.send(AbortRequest(out.request_id))
+        if delta is None:
+            return  # a whole response, not finished yet
+        if delta.finished:
             del self.streams[out.request_id]
-        if out.queue_time_s is not None:
-            stream.queue_time_s = out.queue_time_s
-        if out.prompt_logprobs is not None:
-            stream.prompt_logprobs = self._prompt_logprobs(out, stream.prompt_token_ids or [])
-        if not request.stream:
-            stream.text.append(text)
-            stream.token_ids += out.new_token_ids
-            if tokens is not None:
-                stream.tokens += tokens
-                stream.logprobs += out.logprobs
-                stream.top_logprobs += top
-            if not finished:
-                return
-            text, new_ids = "".join(stream.text), stream.token_ids
-            if stream.tokens:
-                tokens, logprobs, top = stream.tokens, stream.logprobs, stream.top_logprobs
-            else:
-                logprobs = None
-        else:
-            new_ids, logprobs = out.new_token_ids, out.logprobs
-        prompt_ids, stream.prompt_token_ids = stream.prompt_token_ids, None
-        sent_prompt_ids = prompt_ids if request.return_prompt_token_ids else None
-        prompt_text = None
-        if prompt_ids is not None and request.return_prompt_text:
-            prompt_text = self.tokenizer.decode(prompt_ids)
-        queue_time_s, stream.queue_time_s = stream.queue_time_s, None
-        prompt_logprobs, stream.prompt_logprobs = stream.prompt_logprobs, None
-        self._send(stream.identity, OutputDelta(
-            request.request_id, text, list(new_ids), stream.num_prompt_tokens, stream.num_output_tokens,
-            out.num_cached_tokens, finished, finish_reason, stop_reason, out.error, tokens,
-            None if logprobs is None else list(logprobs), top, sent_prompt_ids, queue_time_s, prompt_logprobs,
-            prompt_text,
-        ), abort_on_failure=None if finished else out.request_id)
-
-    def _prompt_logprobs(self, out: TokenDelta, prompt_ids: list[int]) -> PromptTokenLogprobs:
-        decode = self.tokenizer.decode
-        top = [[TopLogprob(i, decode([i]), lp) for i, lp in pairs] for pairs in out.prompt_top_logprobs or []]
-        return PromptTokenLogprobs([decode([i]) for i in prompt_ids], list(out.prompt_logprobs),
-                                   list(out.prompt_ranks or []), top)
+        self._send(stream.identity, delta, abort_on_failure=None if delta.finished else out.request_id)
 
     def end_with_error(self, request_id: str, error: str) -> None:
         """End a stream with `error` (finish_reason "abort") and free what it holds in the scheduler."""

@@ -439,12 +439,8 @@ def test_a_stream_starts_its_response_once_admitted_while_its_first_token_is_hel
         assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[1:-1]) == "Hello! How"
     else:
         assert "".join(e["choices"][0]["text"] for e in events[:-1]) == " one two three"
-    (request_sent,) = [r for r in fake.of_type(GenerateRequest) if _prompt_of(r) == "HOLD_FIRST"][-1:]
+    request_sent = sent_with(fake, "HOLD_FIRST")[-1]
     assert request_sent.notify_admitted and not request_sent.return_prompt_token_ids
-
-
-def _prompt_of(request: GenerateRequest) -> str:
-    return request.prompt or "".join(t.content for t in request.messages or [])
 
 
 def test_a_stream_whose_engine_goes_silent_ends_with_a_timeout_event(fake):
