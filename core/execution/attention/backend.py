@@ -17,6 +17,7 @@ import torch
 
 from core.execution.host_to_device import to_device
 from core.execution.kv_cache import raw, to_cache_dtype
+from core.execution.quantized_input import QuantizedInput
 from core.plan import StepPlan
 
 
@@ -71,8 +72,16 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-    ) -> torch.Tensor:  # [T, q_heads, head_dim]
-        """Write k and v into their slots, then attend every query over its request's pages."""
+        quantize_into: QuantizedInput | None = None,
+    ) -> torch.Tensor | None:  # [T, q_heads, head_dim]
+        """Write k and v into their slots, then attend every query over its request's pages.
+        `quantize_into` (only where quantizes_output(meta)): write the output there, quantized as
+        the FP8 o_proj's input, and return None."""
+
+    def quantizes_output(self, meta: AttentionMetadata) -> bool:
+        """Whether forward can write this step's output quantized for an FP8 o_proj (quantize_into),
+        with each head of 128 columns one activation group."""
+        return False
 
     def launch_state(self) -> object | None:
         """What the last forward's launches read or write besides their arguments (scratch buffers):

@@ -19,6 +19,7 @@ from core.execution.mkl_vml import resolve_vml_dispatch
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fused import add_rms_norm, rms_norm
 from core.execution.model.linear_method import LinearMethod
+from core.execution.quantized_input import QuantizedInput
 
 
 class RMSNorm(nn.Module):
@@ -96,6 +97,15 @@ class RowParallelLinear(nn.Module):
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """forward(SiLU(gate) * up) of gate_up [T, 2 * in_features / tp] (gate first)."""
         return self.tp.all_reduce(self.linear_method.apply_gated(self, gate_up))
+
+    def quantized_input(self, num_tokens: int) -> QuantizedInput | None:
+        """Buffers for this rank's input of num_tokens rows, quantized by the kernel that computes it
+        (LinearMethod.quantized_input); None: call forward with it unquantized."""
+        return self.linear_method.quantized_input(self, num_tokens)
+
+    def forward_quantized(self, x: QuantizedInput) -> torch.Tensor:
+        """forward of the input written into quantized_input's buffers."""
+        return self.tp.all_reduce(self.linear_method.apply_quantized(self, x))
 
     def checkpoint_slices(self) -> SliceMap:
         return self.linear_method.checkpoint_slices({

@@ -1,0 +1,135 @@
+"""The extend kernel writing o_proj's FP8 input itself (core/execution/quantized_input.py), on the CPU
+through the Triton interpreter (see tests/triton_interpreter.py).
+
+In a step of prompts only, an FP8 model's attention quantizes its output per token and head (a head
+is 128 columns, one activation group) as it writes it, instead of storing it for o_proj's GEMM to
+quantize in a pass of its own. The values and scales must be those of that pass bit for bit, in
+both layouts the GEMMs read (cuBLAS's padded rows with column-major scales, the Triton GEMM's
+row-major ones), over fresh prompts and over cached prefixes; a step with decodes is not written
+quantized; and an FP8 model's logits are the same bit for bit with it on and off.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import dataclasses  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from plans import Chunk, make_plan  # noqa: E402
+from test_triton_attention import build_step  # noqa: E402
+from tiny_models import tiny_fp8_model_config  # noqa: E402
+from triton_interpreter import is_interpreted, run_in_fresh_interpreter, skip_unless_interpreted  # noqa: E402
+
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
+
+from core.config import CacheConfig, EngineConfig  # noqa: E402
+from core.execution.attention import make_backend  # noqa: E402
+from core.execution.attention.triton_backend import TritonAttention  # noqa: E402
+from core.execution.attention.triton_extend import _extend_kernel  # noqa: E402
+from core.execution.model import fp8_gemm  # noqa: E402
+from core.execution.model.fp8_format import FP8_DTYPE  # noqa: E402
+from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations  # noqa: E402
+from core.execution.model.fp8_linear import Fp8LinearMethod  # noqa: E402
+from core.execution.quantized_input import QuantizedInput  # noqa: E402
+from core.execution.runner import ModelRunner  # noqa: E402
+
+INTERPRETED = is_interpreted(triton.language.zeros, _extend_kernel)
+HEAD_DIM = 128  # one activation group a head
+Q_HEADS, KV_HEADS, BLOCK_SIZE = 4, 2, 16
+
+
+@pytest.fixture(autouse=True)
+def _kernels_run_here_or_in_the_child(request):
+    skip_unless_interpreted(request, INTERPRETED)
+
+
+def test_kernels_in_a_fresh_interpreter():
+    run_in_fresh_interpreter(__file__, INTERPRETED)
+
+
+def empty_input(rows: int, num_tokens: int, column_major: bool) -> QuantizedInput:
+    """Buffers as Fp8LinearMethod.quantized_input makes them: zero values, scales of one."""
+    values = torch.zeros(rows, Q_HEADS * HEAD_DIM, dtype=FP8_DTYPE)
+    scales = torch.ones(Q_HEADS, rows).t() if column_major else torch.ones(rows, Q_HEADS)
+    return QuantizedInput(values, scales, num_tokens)
+
+
+def assert_same_bits(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    as_int = torch.uint8 if got.dtype == FP8_DTYPE else torch.int32
+    different = (got.contiguous().view(as_int) != expected.contiguous().view(as_int)).sum().item()
+    assert different == 0, f"{what}: {different} of {got.numel()} differ"
+
+
+@pytest.mark.parametrize("column_major", [True, False], ids=["cublas-layout", "triton-layout"])
+@pytest.mark.parametrize("requests", [[(0, 21), (0, 7)], [(16, 21), (0, 9)], [(40, 3), (5, 130)]],
+                         ids=["fresh", "cached-prefix", "long-chunk"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_quantized_output_is_the_quantization_pass_of_the_stored_output(dtype, requests, column_major):
+    step = build_step(requests, BLOCK_SIZE, Q_HEADS, KV_HEADS, dtype=dtype, head_dim=HEAD_DIM,
+                      seed=len(requests))
+    num_tokens = step.q.shape[0]
+    rows = -(-num_tokens // 16) * 16 if column_major else num_tokens
+    backend = TritonAttention("cpu")
+    assert backend.quantizes_output(step.meta)
+    caches = [(step.k_cache.clone(), step.v_cache.clone()) for _ in range(2)]
+    out = backend.forward(step.q, step.k, step.v, *caches[0], step.meta, HEAD_DIM**-0.5)
+    expected_values, expected_scales = quantize_activations(out.reshape(num_tokens, -1),
+                                                            column_major_scales=column_major, rows=rows)
+    into = empty_input(rows, num_tokens, column_major)
+    assert backend.forward(step.q, step.k, step.v, *caches[1], step.meta, HEAD_DIM**-0.5,
+                           quantize_into=into) is None
+    assert_same_bits(into.values[:num_tokens], expected_values[:num_tokens], "values")
+    assert_same_bits(into.scales[:num_tokens], expected_scales[:num_tokens], "scales")
+    # The pages were written as in the ordinary path; the padded rows were left as they were made.
+    torch.testing.assert_close(caches[1], caches[0], rtol=0, atol=0, equal_nan=True)
+    assert (into.values[num_tokens:].float() == 0).all() and (into.scales[num_tokens:] == 1).all()
+
+
+def test_a_step_with_decodes_or_a_graph_step_is_not_written_quantized():
+    backend = TritonAttention("cpu")
+    mixed = build_step([(0, 21), (30, 1)], BLOCK_SIZE, Q_HEADS, KV_HEADS, head_dim=HEAD_DIM)
+    assert not backend.quantizes_output(mixed.meta)
+    with pytest.raises(AssertionError, match="a step with decodes"):
+        backend.forward(mixed.q, mixed.k, mixed.v, mixed.k_cache, mixed.v_cache, mixed.meta, 1.0,
+                        quantize_into=empty_input(16, 22, True))
+    prompts = build_step([(0, 21)], BLOCK_SIZE, Q_HEADS, KV_HEADS, head_dim=HEAD_DIM)
+    assert backend.quantizes_output(prompts.meta)
+    assert not backend.quantizes_output(dataclasses.replace(prompts.meta, static_shapes=True))
+    assert not make_backend("reference", "cpu").quantizes_output(prompts.meta)
+
+
+@pytest.mark.parametrize("gemm", ["triton", "scaled_mm"])
+def test_an_fp8_models_logits_are_the_same_with_the_attention_quantizing(gemm, monkeypatch):
+    """A step of prompts, then a step of a prompt after a cached prefix, then a mixed step: the
+    same logits bit for bit whether o_proj's input is quantized by attention or by o_proj's GEMM.
+    scaled_mm: cuBLAS's layout (padded rows, column-major scales), multiplied by the Triton GEMM
+    in cuBLAS's place, which the CPU does not have."""
+    if gemm == "scaled_mm":
+        monkeypatch.setattr(fp8_gemm, "_scaled_mm", lambda x_q, x_scales, weight, weight_scale_inv, dtype, m:
+                            block_fp8_matmul(x_q[:m], x_scales[:m], weight, weight_scale_inv, dtype))
+    config = EngineConfig(model=tiny_fp8_model_config(), device="cpu",
+                          cache=CacheConfig(block_size=BLOCK_SIZE, num_pages=32))
+    runner = ModelRunner(config, backend=make_backend("triton", "cpu"), show_progress=False)
+    methods = {m.linear_method for m in runner.model.modules()
+               if isinstance(getattr(m, "linear_method", None), Fp8LinearMethod)}
+    assert len(methods) == 1
+    method = methods.pop()
+    method.gemm = fp8_gemm.FP8_GEMMS[gemm]
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 512, size=n).tolist() for n in (37, 18, 25)]
+    plans = [make_plan([Chunk(prompts[0], 0, [1, 2, 3]), Chunk(prompts[1], 0, [4, 5])], BLOCK_SIZE),
+             make_plan([Chunk(prompts[2], 37, [1, 2, 3, 6, 7])], BLOCK_SIZE, step_id=1),
+             make_plan([Chunk([9], 18, [4, 5]), Chunk(prompts[0][:20], 0, [8, 9])], BLOCK_SIZE, step_id=2)]
+    logits = {}
+    for on in (True, False):
+        method.takes_quantized_input = on
+        method._input_buffers = None
+        logits[on] = [runner.forward_logits(plan)[0].clone() for plan in plans]
+        assert (method._input_buffers is not None) == on, "the steps of prompts took the other path"
+    for step, (fused, separate) in enumerate(zip(logits[True], logits[False])):
+        assert_same_bits(fused, separate, f"step {step}'s logits")
