@@ -73,30 +73,59 @@ def dequant_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.
 
 def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                 gated: bool = False) -> torch.Tensor:
-    from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
     from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
+
+    if _triton_quantizes_inside(x.shape[0]):  # decode: the GEMM quantizes its rows itself
+        return block_fp8_matmul(silu_mul(x) if gated else x, None, weight, weight_scale_inv, x.dtype)
+    return _triton_product(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
+
+
+def _triton_quantizes_inside(m: int) -> bool:
+    from core.execution.model.fp8_gemv import GEMV_MAX_M
+
+    return GEMV_MAX_M < m <= FUSED_QUANTIZATION_MAX_M
+
+
+def _triton_product(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
+                    weight_scale_inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """triton_gemm's product of quantized rows (row-major scales)."""
+    from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
+    from core.execution.model.fp8_kernels import block_fp8_matmul
     from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, fp8_row_gemv
 
-    if x.shape[0] <= ROW_GEMV_MAX_M:  # decode at concurrency 1: whole weight rows a program
-        return fp8_row_gemv(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
-    if x.shape[0] <= GEMV_MAX_M:  # decode: a weight read, on the CUDA cores
-        return fp8_gemv(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
-    if x.shape[0] <= FUSED_QUANTIZATION_MAX_M:  # decode: the GEMM quantizes its rows itself
-        return block_fp8_matmul(silu_mul(x) if gated else x, None, weight, weight_scale_inv, x.dtype)
-    x_q, x_scales = quantize_activations(x, silu_mul=gated)
-    return block_fp8_matmul(x_q, x_scales, weight, weight_scale_inv, x.dtype)
+    if x_q.shape[0] <= ROW_GEMV_MAX_M:  # decode at concurrency 1: whole weight rows a program
+        return fp8_row_gemv(x_q, x_scales, weight, weight_scale_inv, out_dtype)
+    if x_q.shape[0] <= GEMV_MAX_M:  # decode: a weight read, on the CUDA cores
+        return fp8_gemv(x_q, x_scales, weight, weight_scale_inv, out_dtype)
+    return block_fp8_matmul(x_q, x_scales, weight, weight_scale_inv, out_dtype)
 
 
 def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                    gated: bool = False) -> torch.Tensor:
     from core.execution.model.fp8_kernels import quantize_activations
 
-    if weight_scale_inv.shape[1] % 4:  # torch wants the K blocks' scales in fours (TP 4 and 8 shards)
-        return triton_gemm(x, weight, weight_scale_inv, gated)
     m = x.shape[0]
+    if not _takes_scaled_mm(scaled_mm_gemm, m, weight_scale_inv):
+        return triton_gemm(x, weight, weight_scale_inv, gated)
     # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
     x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=scaled_mm_rows(m), silu_mul=gated)
     return _scaled_mm(x_q, x_scales, weight, weight_scale_inv, x.dtype, m)
+
+
+def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                  gated: bool = False) -> torch.Tensor:
+    if _takes_scaled_mm(row_gemv_gemm, x.shape[0], weight_scale_inv):
+        return scaled_mm_gemm(x, weight, weight_scale_inv, gated)
+    return triton_gemm(x, weight, weight_scale_inv, gated)  # one row: the row GEMV
+
+
+def _takes_scaled_mm(gemm: Fp8Gemm, m: int, weight_scale_inv: torch.Tensor) -> bool:
+    """Whether `gemm` multiplies m rows on cuBLAS: scaled_mm always, row_gemv above one row, both
+    only where torch takes the K blocks' scales (in fours: not TP 4 and 8 shards); else triton_gemm."""
+    from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M
+
+    on_cublas = gemm is scaled_mm_gemm or (gemm is row_gemv_gemm and m > ROW_GEMV_MAX_M)
+    return on_cublas and weight_scale_inv.shape[1] % 4 == 0
 
 
 def scaled_mm_rows(m: int) -> int:
@@ -115,15 +144,6 @@ def _scaled_mm(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
     return out if x_q.shape[0] == m else out[:m]
 
 
-def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                  gated: bool = False) -> torch.Tensor:
-    from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M
-
-    if x.shape[0] <= ROW_GEMV_MAX_M:  # triton_gemm's row GEMV
-        return triton_gemm(x, weight, weight_scale_inv, gated)
-    return scaled_mm_gemm(x, weight, weight_scale_inv, gated)
-
-
 class InputLayout(NamedTuple):
     """How a GEMM wants an input quantized ahead of it (QuantizedInput): its row count, and whether
     the scales are column-major (stride (1, rows), cuBLAS's) rather than row-major."""
@@ -134,29 +154,24 @@ class InputLayout(NamedTuple):
 
 def quantized_input_layout(gemm: Fp8Gemm, m: int, weight_scale_inv: torch.Tensor) -> InputLayout | None:
     """The layout in which `gemm` multiplies m rows quantized by their producer, as its own
-    quantization would have laid them out; None where it takes them otherwise (a few rows, which
-    the Triton GEMM quantizes inside itself; the dequantizing GEMM, which quantizes nothing)."""
-    from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M
-
-    takes_scaled_mm = gemm is scaled_mm_gemm or (gemm is row_gemv_gemm and m > ROW_GEMV_MAX_M)
-    if takes_scaled_mm and weight_scale_inv.shape[1] % 4 == 0:  # else scaled_mm_gemm calls triton_gemm
+    quantization would have laid them out; None where it takes them otherwise (the Triton GEMM's
+    few rows that it quantizes inside itself; the dequantizing GEMM, which quantizes nothing)."""
+    if gemm is dequant_gemm:
+        return None
+    if _takes_scaled_mm(gemm, m, weight_scale_inv):
         return InputLayout(scaled_mm_rows(m), True)
-    if gemm is not dequant_gemm and m > FUSED_QUANTIZATION_MAX_M:  # triton_gemm's tensor-core GEMM
-        return InputLayout(m, False)
-    return None
+    return None if _triton_quantizes_inside(m) else InputLayout(m, False)
 
 
 def multiply_quantized(gemm: Fp8Gemm, x: QuantizedInput, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                        out_dtype: torch.dtype) -> torch.Tensor:
     """x, laid out by quantized_input_layout for `gemm`, times the weight transposed: [x.num_tokens, N],
     the product `gemm` computes from the unquantized rows."""
-    from core.execution.model.fp8_kernels import block_fp8_matmul
-
     layout = quantized_input_layout(gemm, x.num_tokens, weight_scale_inv)
     assert layout is not None and x.values.shape[0] == layout.rows, f"{gemm} takes no input quantized ahead"
     if layout.column_major_scales:
         return _scaled_mm(x.values, x.scales, weight, weight_scale_inv, out_dtype, x.num_tokens)
-    return block_fp8_matmul(x.values, x.scales, weight, weight_scale_inv, out_dtype)
+    return _triton_product(x.values, x.scales, weight, weight_scale_inv, out_dtype)
 
 
 @functools.cache
