@@ -1,12 +1,12 @@
-"""The extend kernel writing o_proj's FP8 input itself (core/execution/quantized_input.py), on the CPU
-through the Triton interpreter (see tests/triton_interpreter.py).
+"""The attention kernels writing o_proj's FP8 input themselves (core/execution/quantized_input.py), on
+the CPU through the Triton interpreter (see tests/triton_interpreter.py).
 
-In a step of prompts only, an FP8 model's attention quantizes its output per token and head (a head
-is 128 columns, one activation group) as it writes it, instead of storing it for o_proj's GEMM to
-quantize in a pass of its own. The values and scales must be those of that pass bit for bit, in
-both layouts the GEMMs read (cuBLAS's padded rows with column-major scales, the Triton GEMM's
-row-major ones), over fresh prompts and over cached prefixes; a step with decodes is not written
-quantized; and an FP8 model's logits are the same bit for bit with it on and off.
+An FP8 model's attention quantizes its output per token and head (a head is 128 columns, one
+activation group) as it writes it, instead of storing it for o_proj's GEMM to quantize in a pass of
+its own. The values and scales must be those of that pass bit for bit, in both layouts the GEMMs
+read (cuBLAS's padded rows with column-major scales, the Triton GEMM's row-major ones), from the
+extend kernel (fresh prompts, cached prefixes) and the decode kernels (one split, several, a
+graph's per-request splits); and an FP8 model's logits are the same bit for bit with it on and off.
 """
 
 from __future__ import annotations
@@ -65,17 +65,38 @@ def assert_same_bits(got: torch.Tensor, expected: torch.Tensor, what: str) -> No
     assert different == 0, f"{what}: {different} of {got.numel()} differ"
 
 
+STEPS = {
+    "fresh": [(0, 21), (0, 7)],
+    "cached-prefix": [(16, 21), (0, 9)],
+    "long-chunk": [(40, 3), (5, 130)],
+    "mixed": [(0, 21), (300, 1), (30, 1)],
+    "split-decodes": [(300, 1), (40, 1)],  # 2 splits (the interpreter's 4 "SMs"), then the reduce kernel
+    "direct-decodes": [(40, 1), (20, 1)],  # one split: the split kernel writes the output
+}
+
+
 @pytest.mark.parametrize("column_major", [True, False], ids=["cublas-layout", "triton-layout"])
-@pytest.mark.parametrize("requests", [[(0, 21), (0, 7)], [(16, 21), (0, 9)], [(40, 3), (5, 130)]],
-                         ids=["fresh", "cached-prefix", "long-chunk"])
+@pytest.mark.parametrize("name", list(STEPS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_quantized_output_is_the_quantization_pass_of_the_stored_output(dtype, requests, column_major):
-    step = build_step(requests, BLOCK_SIZE, Q_HEADS, KV_HEADS, dtype=dtype, head_dim=HEAD_DIM,
-                      seed=len(requests))
+def test_the_quantized_output_is_the_quantization_pass_of_the_stored_output(dtype, name, column_major):
+    step = build_step(STEPS[name], BLOCK_SIZE, Q_HEADS, KV_HEADS, dtype=dtype, head_dim=HEAD_DIM,
+                      seed=len(name))
+    assert_quantized_like_the_separate_pass(step, column_major)
+
+
+@pytest.mark.parametrize("column_major", [True, False], ids=["cublas-layout", "triton-layout"])
+def test_a_graph_steps_decodes_are_quantized_too(column_major):
+    """A CUDA graph's launch: each request splits its own context (per-request splits)."""
+    step = build_step([(300, 1), (40, 1), (129, 1)], BLOCK_SIZE, Q_HEADS, KV_HEADS, dtype=torch.bfloat16,
+                      head_dim=HEAD_DIM)
+    assert_quantized_like_the_separate_pass(
+        dataclasses.replace(step, meta=dataclasses.replace(step.meta, static_shapes=True)), column_major)
+
+
+def assert_quantized_like_the_separate_pass(step, column_major: bool) -> None:
     num_tokens = step.q.shape[0]
     rows = -(-num_tokens // 16) * 16 if column_major else num_tokens
     backend = TritonAttention("cpu")
-    assert backend.quantizes_output(step.meta)
     caches = [(step.k_cache.clone(), step.v_cache.clone()) for _ in range(2)]
     out = backend.forward(step.q, step.k, step.v, *caches[0], step.meta, HEAD_DIM**-0.5)
     expected_values, expected_scales = quantize_activations(out.reshape(num_tokens, -1),
@@ -90,23 +111,16 @@ def test_the_quantized_output_is_the_quantization_pass_of_the_stored_output(dtyp
     assert (into.values[num_tokens:].float() == 0).all() and (into.scales[num_tokens:] == 1).all()
 
 
-def test_a_step_with_decodes_or_a_graph_step_is_not_written_quantized():
-    backend = TritonAttention("cpu")
-    mixed = build_step([(0, 21), (30, 1)], BLOCK_SIZE, Q_HEADS, KV_HEADS, head_dim=HEAD_DIM)
-    assert not backend.quantizes_output(mixed.meta)
-    with pytest.raises(AssertionError, match="a step with decodes"):
-        backend.forward(mixed.q, mixed.k, mixed.v, mixed.k_cache, mixed.v_cache, mixed.meta, 1.0,
-                        quantize_into=empty_input(16, 22, True))
-    prompts = build_step([(0, 21)], BLOCK_SIZE, Q_HEADS, KV_HEADS, head_dim=HEAD_DIM)
-    assert backend.quantizes_output(prompts.meta)
-    assert not backend.quantizes_output(dataclasses.replace(prompts.meta, static_shapes=True))
-    assert not make_backend("reference", "cpu").quantizes_output(prompts.meta)
+def test_only_the_triton_backend_writes_a_quantized_output():
+    assert TritonAttention("cpu").quantizes_output
+    assert not make_backend("reference", "cpu").quantizes_output
 
 
 @pytest.mark.parametrize("gemm", ["triton", "scaled_mm"])
 def test_an_fp8_models_logits_are_the_same_with_the_attention_quantizing(gemm, monkeypatch):
-    """A step of prompts, then a step of a prompt after a cached prefix, then a mixed step: the
-    same logits bit for bit whether o_proj's input is quantized by attention or by o_proj's GEMM.
+    """A step of prompts, a step of a prompt after a cached prefix, a mixed step, decodes of one
+    and of three rows: the same logits bit for bit whether o_proj's input is quantized by attention
+    or by o_proj's GEMM.
     scaled_mm: cuBLAS's layout (padded rows, column-major scales), multiplied by the Triton GEMM
     in cuBLAS's place, which the CPU does not have."""
     if gemm == "scaled_mm":
@@ -124,7 +138,10 @@ def test_an_fp8_models_logits_are_the_same_with_the_attention_quantizing(gemm, m
     prompts = [rng.integers(0, 512, size=n).tolist() for n in (37, 18, 25)]
     plans = [make_plan([Chunk(prompts[0], 0, [1, 2, 3]), Chunk(prompts[1], 0, [4, 5])], BLOCK_SIZE),
              make_plan([Chunk(prompts[2], 37, [1, 2, 3, 6, 7])], BLOCK_SIZE, step_id=1),
-             make_plan([Chunk([9], 18, [4, 5]), Chunk(prompts[0][:20], 0, [8, 9])], BLOCK_SIZE, step_id=2)]
+             make_plan([Chunk([9], 18, [4, 5]), Chunk(prompts[0][:20], 0, [8, 9])], BLOCK_SIZE, step_id=2),
+             make_plan([Chunk([11], 19, [4, 5])], BLOCK_SIZE, step_id=3),
+             make_plan([Chunk([12], 20, [4, 5]), Chunk([13], 20, [8, 9]), Chunk([14], 62, [1, 2, 3, 6, 7])],
+                       BLOCK_SIZE, step_id=4)]
     logits = {}
     for on in (True, False):
         method.takes_quantized_input = on

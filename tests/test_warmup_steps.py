@@ -8,7 +8,6 @@ import torch
 from core.execution.attention.triton_backend import all_extends_fresh
 from core.execution.attention.triton_decode import MIN_SPLIT_TOKENS, plan_splits, reduce_block
 from core.execution.attention.triton_extend import extend_tiles
-from core.execution.model.fp8_gemm import FUSED_QUANTIZATION_MAX_M
 from core.execution.warmup_steps import compile_warmup_steps, warmup_plan
 
 BLOCK_SIZE = 16
@@ -32,32 +31,26 @@ def test_warmup_plan_puts_each_token_in_its_own_pages():
 
 def test_warmup_steps_reach_every_tile_family_and_reduce_block():
     """Each extend tile family over fresh prompts (the step's own K/V rows) and over a cached prefix
-    (the pages), in a step of prompts only with more tokens than the Triton FP8 GEMM quantizes
-    itself (where an FP8 model's attention quantizes its output) and beside a decode (where it
-    does not): four compiled variants of the kernel each."""
+    (the pages): two compiled variants of the kernel each."""
     tiles, reduce_blocks = set(), set()
     for step in compile_warmup_steps(max_model_len=40960, max_tokens=8192):
         plan = warmup_plan(step, BLOCK_SIZE, vocab_size=1000)
         query_lens = np.diff(plan.query_start)
         extends, decodes = query_lens >= 2, query_lens == 1
         if extends.any():
-            quantized = not decodes.any() and query_lens.sum() > FUSED_QUANTIZATION_MAX_M
-            assert quantized or decodes.any(), f"{step}: a step of prompts whose quantization the GEMM may do"
             tiles.add((extend_tiles(torch.bfloat16, int(query_lens.max()), int(plan.seq_lens[extends].max())),
-                       all_extends_fresh(query_lens, plan.seq_lens), quantized))
+                       all_extends_fresh(query_lens, plan.seq_lens)))
         if decodes.any():
             num_splits = plan_splits(int(decodes.sum()), 8, int(plan.seq_lens[decodes].max()), H200_SMS, 64,
                                      MIN_SPLIT_TOKENS).num_splits
             reduce_blocks.add(0 if num_splits == 1 else reduce_block(num_splits))
     families = {extend_tiles(torch.bfloat16, 64, 100), extend_tiles(torch.bfloat16, 65, 100),
                 extend_tiles(torch.bfloat16, 65, 1000)}
-    assert tiles == {(family, fresh, quantized) for family in families for fresh in (True, False)
-                     for quantized in (True, False)}
+    assert tiles == {(family, fresh) for family in families for fresh in (True, False)}
     assert reduce_blocks == {0, 16, 32, 64}  # 0: one split, no reduce
 
 
 def test_warmup_steps_fit_a_short_model_length_and_a_small_token_budget():
     for step in compile_warmup_steps(max_model_len=512, max_tokens=64):
         assert sum(n for _, n in step) <= 64 and all(c + n <= 512 for c, n in step)
-    assert compile_warmup_steps(max_model_len=512, max_tokens=64) == [
-        [(0, 20)], [(4, 20)], [(0, 2), (4, 1)], [(4, 2), (4, 1)]]
+    assert compile_warmup_steps(max_model_len=512, max_tokens=64) == [[(0, 2), (4, 1)], [(4, 2)]]

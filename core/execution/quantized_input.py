@@ -24,3 +24,17 @@ class QuantizedInput(NamedTuple):
     values: torch.Tensor  # float8_e4m3fn [R, K] with R >= num_tokens; rows past num_tokens are zeros
     scales: torch.Tensor  # float32 [R, K / 128], strided as the layer's GEMM reads them
     num_tokens: int  # the rows the producer writes: 0 .. num_tokens - 1
+
+
+def quantized_output_args(q: torch.Tensor, out: torch.Tensor | None, quantize_into: QuantizedInput | None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An attention kernel's (out, values, scales) arguments: the buffers it writes, and stand-ins
+    (q, of out's dtype) for those it does not."""
+    if quantize_into is None:
+        assert out is not None
+        return out, q, q
+    values, scales = quantize_into.values, quantize_into.scales
+    heads, head_dim = q.shape[1], q.shape[2]
+    assert head_dim == ACTIVATION_GROUP and values.shape[1] == heads * head_dim and values.stride(1) == 1, \
+        f"{heads} heads of {head_dim} cannot fill a quantized input of {tuple(values.shape)}"
+    return q, values, scales

@@ -39,15 +39,11 @@ def compile_warmup_steps(max_model_len: int, max_tokens: int) -> list[list[tuple
     """Steps whose shapes make Triton compile, before the first request, every attention kernel
     variant that serving can reach outside the decode graphs: each extend tile family (chunks of at
     most 64 queries, chunks reading at most 512 keys, longer ones), each over fresh prompts (keys
-    read from the step's own rows) and over a cached prefix (keys read from the pages), each in a
-    step of prompts only (where an FP8 model's attention quantizes its output for o_proj: more
-    than 16 tokens, so that every FP8 GEMM takes it so) and beside a decode; and eager decodes over
-    one split and over each reduce block size. Without them the first requests of a fresh server
-    wait a second or two for the compiler. Steps that do not fit the configured lengths are left
-    out."""
-    steps = [[(0, 20)], [(4, 20)], [(0, 2), (4, 1)], [(4, 2), (4, 1)],
-             [(0, 65)], [(8, 65)], [(0, 65), (999, 1)], [(8, 65), (999, 1)],
-             [(0, 999)], [(8, 999)], [(0, 999), (4, 1)], [(8, 999), (4, 1)],
+    read from the step's own rows) and over a cached prefix (keys read from the pages), and eager
+    decodes over one split and over each reduce block size. Without them the first requests of a
+    fresh server wait a second or two for the compiler. Steps that do not fit the configured
+    lengths are left out."""
+    steps = [[(0, 2), (4, 1)], [(4, 2)], [(0, 65), (999, 1)], [(8, 65)], [(0, 999)], [(8, 999)],
              [(4095, 1)], [(8191, 1)]]
     return [step for step in steps
             if sum(n for _, n in step) <= max_tokens and all(c + n <= max_model_len for c, n in step)]

@@ -61,6 +61,9 @@ class AttentionBackend(ABC):
     # Whether a CUDA graph may capture forward: given meta.static_shapes, its launches depend on the
     # tensors' shapes alone, never on the host arrays' values (core/execution/decode_graphs.py).
     supports_decode_graphs: bool = False
+    # Whether forward can write its output quantized as an FP8 o_proj's input (quantize_into), each
+    # head of 128 columns one activation group (core/execution/quantized_input.py).
+    quantizes_output: bool = False
 
     @abstractmethod
     def forward(
@@ -75,13 +78,8 @@ class AttentionBackend(ABC):
         quantize_into: QuantizedInput | None = None,
     ) -> torch.Tensor | None:  # [T, q_heads, head_dim]
         """Write k and v into their slots, then attend every query over its request's pages.
-        `quantize_into` (only where quantizes_output(meta)): write the output there, quantized as
-        the FP8 o_proj's input, and return None."""
-
-    def quantizes_output(self, meta: AttentionMetadata) -> bool:
-        """Whether forward can write this step's output quantized for an FP8 o_proj (quantize_into),
-        with each head of 128 columns one activation group."""
-        return False
+        `quantize_into` (where quantizes_output): write the output there, quantized as an FP8
+        o_proj's input, and return None."""
 
     def launch_state(self) -> object | None:
         """What the last forward's launches read or write besides their arguments (scratch buffers):

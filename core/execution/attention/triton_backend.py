@@ -59,6 +59,7 @@ class _StepLaunch:
 class TritonAttention(AttentionBackend):
     name = "triton"
     supports_decode_graphs = True
+    quantizes_output = True  # the extend and decode kernels each quantize the rows they write
 
     def __init__(self, device: torch.device | str = "cuda", min_split_tokens: int = MIN_SPLIT_TOKENS) -> None:
         device = torch.device(device)
@@ -69,21 +70,11 @@ class TritonAttention(AttentionBackend):
             self.num_sms = INTERPRETER_NUM_SMS
         self.min_split_tokens = min_split_tokens
         self._step: _StepLaunch | None = None
-        self._quantizes: tuple[AttentionMetadata, bool] | None = None  # quantizes_output's last answer
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
                 quantize_into: QuantizedInput | None = None) -> torch.Tensor | None:
         write_kv_paged(k, v, k_cache, v_cache, meta.kv_index)
         return self.attend(q, k_cache, v_cache, meta, scale, step_kv=(k, v), quantize_into=quantize_into)
-
-    def quantizes_output(self, meta: AttentionMetadata) -> bool:
-        """A step of prompts only (every request has two or more queries): the extend kernel writes
-        all of its rows. Decode rows come from the decode kernels, which do not quantize."""
-        if self._quantizes is None or self._quantizes[0] is not meta:
-            query_lens = np.diff(meta.query_start_cpu)
-            self._quantizes = (meta, not meta.static_shapes and len(query_lens) > 0
-                               and bool(query_lens.min() >= 2))
-        return self._quantizes[1]
 
     def launch_state(self) -> _StepLaunch | None:
         """The last step's launch, whose split scratch buffers (partial_out, partial_lse) a graph writes."""
@@ -95,20 +86,17 @@ class TritonAttention(AttentionBackend):
         """Attention of every query over its request's pages (K/V already written): [T, q_heads, head_dim].
         `step_kv`: the step's own (k, v), which the extend kernel reads instead of the pages when no
         extending request has a cached prefix and the cache holds them unrounded (its dtype is q's).
-        `quantize_into` (a step of prompts only): the output goes there, quantized; returns None."""
+        `quantize_into`: the output goes there, quantized as an FP8 o_proj's input; returns None."""
         if q.stride(-1) != 1:
             q = q.contiguous()
-        out = None
-        if quantize_into is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            if q.shape[0] == 0:
-                return out
-        else:
-            assert self.quantizes_output(meta), "a step with decodes cannot be written quantized"
+        out = None if quantize_into is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if q.shape[0] == 0:
+            return out
         step = self._launch_for(q, k_cache, v_cache, meta)
         if step.splits is not None:
             decode_attention(q, k_cache, v_cache, out, meta.block_table, meta.seq_lens, meta.query_start,
-                             scale, step.splits, step.partial_out, step.partial_lse)
+                             scale, step.splits, step.partial_out, step.partial_lse,
+                             quantize_into=quantize_into)
         if step.tiles is not None:
             fresh_kv = step_kv if step.fresh and k_cache.dtype == q.dtype else None
             extend_attention(q, k_cache, v_cache, out, meta.block_table, meta.seq_lens, meta.query_start,

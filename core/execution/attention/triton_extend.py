@@ -33,9 +33,9 @@ from core.execution.attention.triton_tiles import (
     next_power_of_2,
     softmax_step,
 )
-from core.execution.model.fp8_format import BLOCK, FP8_MAX, MIN_AMAX
+from core.execution.model.fp8_format import FP8_MAX, MIN_AMAX
 from core.execution.model.fp8_kernels import quantize_rows
-from core.execution.quantized_input import QuantizedInput
+from core.execution.quantized_input import QuantizedInput, quantized_output_args
 
 
 class ExtendTiles(NamedTuple):
@@ -182,13 +182,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     k, v = fresh_kv if fresh_kv is not None else (k_cache, v_cache)  # unread unless FRESH
-    if quantize_into is not None:
-        xq, xs = quantize_into.values, quantize_into.scales
-        assert head_dim == BLOCK and xq.shape[1] == num_q_heads * head_dim and xq.stride(1) == 1, \
-            f"{num_q_heads} heads of {head_dim} cannot fill a quantized input of {tuple(xq.shape)}"
-        out = q  # not written
-    else:
-        xq, xs = q, q  # not written
+    out, xq, xs = quantized_output_args(q, out, quantize_into)
     _extend_kernel[(num_q_heads, num_tiles)](
         q, k_cache, v_cache, out, block_table, seq_lens, query_start,
         work[0], work[1], scale * 1.4426950408889634,

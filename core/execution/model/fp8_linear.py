@@ -27,7 +27,13 @@ from torch import nn
 from core.config import ModelConfig
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fp8_format import BLOCK, FP8_DTYPE, quantize_weight
-from core.execution.model.fp8_gemm import GATED_GEMMS, choose_gemm, multiply_quantized, quantized_input_layout
+from core.execution.model.fp8_gemm import (
+    GATED_GEMMS,
+    InputLayout,
+    choose_gemm,
+    multiply_quantized,
+    quantized_input_layout,
+)
 from core.execution.model.linear_method import LinearMethod
 from core.execution.model.unquantized_linear import UnquantizedLinearMethod
 from core.execution.quantized_input import QuantizedInput
@@ -98,19 +104,28 @@ class Fp8LinearMethod(LinearMethod):
         if layout is None:
             return None
         k, device = layer.weight.shape[1], layer.weight.device
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A CUDA graph's own buffers, written at every replay; no zeros (a memset in every replay):
+            # a padded row's product is one of the rows cuBLAS's output loses.
+            return QuantizedInput(torch.empty((layout.rows, k), dtype=FP8_DTYPE, device=device),
+                                  _scales(layout, k, device, torch.empty), num_tokens)
         key = (layout, num_tokens, k, device)
         if self._input_buffers is None or self._input_buffers[0] != key:
             values = torch.zeros((layout.rows, k), dtype=FP8_DTYPE, device=device)
-            groups = _cdiv(k, BLOCK)
-            if layout.column_major_scales:
-                scales = torch.ones((groups, layout.rows), dtype=torch.float32, device=device).t()
-            else:
-                scales = torch.ones((layout.rows, groups), dtype=torch.float32, device=device)
+            scales = _scales(layout, k, device, torch.ones)
             self._input_buffers = (key, QuantizedInput(values, scales, num_tokens))
         return self._input_buffers[1]
 
     def apply_quantized(self, layer: nn.Module, x: QuantizedInput) -> torch.Tensor:
         return multiply_quantized(self.gemm, x, layer.weight, layer.weight_scale_inv, self.dtype)
+
+
+def _scales(layout: InputLayout, k: int, device: torch.device, make) -> torch.Tensor:
+    """The scales of a quantized input of k columns in `layout`, made by `make` (torch.ones, torch.empty)."""
+    groups = _cdiv(k, BLOCK)
+    if layout.column_major_scales:
+        return make((groups, layout.rows), dtype=torch.float32, device=device).t()
+    return make((layout.rows, groups), dtype=torch.float32, device=device)
 
 
 def _cdiv(a: int, b: int) -> int:

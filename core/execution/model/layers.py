@@ -10,6 +10,9 @@ tensors behind them and the matmul to their LinearMethod (linear_method.py).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -112,6 +115,23 @@ class RowParallelLinear(nn.Module):
             self.matrix_name: CheckpointSlice((self.out_features, self.in_features), dim=1,
                                               start=self.tp.rank * self.local_in, length=self.local_in)
         })
+
+
+@contextlib.contextmanager
+def layers_quantize_their_input(model: nn.Module) -> Iterator[bool]:
+    """For its duration no linear layer takes an input quantized ahead (`quantized_input` is None),
+    as where its GEMM takes none: the runner's warm-up runs its steps this way too, so that the
+    attention kernels writing unquantized outputs are compiled as well. Yields whether any did."""
+    methods = {module.linear_method for module in model.modules()
+               if isinstance(module, (ColumnParallelLinear, RowParallelLinear))}
+    taking = [method for method in methods if method.takes_quantized_input]
+    for method in taking:
+        method.takes_quantized_input = False
+    try:
+        yield bool(taking)
+    finally:
+        for method in taking:
+            method.takes_quantized_input = True
 
 
 def finish_loading(model: nn.Module) -> None:

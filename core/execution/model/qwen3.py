@@ -70,7 +70,7 @@ class Qwen3Attention(nn.Module):
         # An FP8 o_proj's input groups of 128 columns are the heads: the attention kernel may quantize
         # its output as it writes it (core/execution/quantized_input.py), one pass over it fewer.
         quantized = self.o_proj.quantized_input(num_tokens) \
-            if self.head_dim == ACTIVATION_GROUP and backend.quantizes_output(meta) else None
+            if self.head_dim == ACTIVATION_GROUP and backend.quantizes_output else None
         out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale, quantize_into=quantized)
         if quantized is not None:
             return self.o_proj.forward_quantized(quantized)
