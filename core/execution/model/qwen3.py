@@ -71,9 +71,10 @@ class Qwen3Attention(nn.Module):
         # its output as it writes it (core/execution/quantized_input.py), one pass over it fewer.
         quantized = self.o_proj.quantized_input(num_tokens) \
             if self.head_dim == ACTIVATION_GROUP and backend.quantizes_output else None
-        out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale, quantize_into=quantized)
         if quantized is not None:
+            backend.forward(q, k, v, k_cache, v_cache, meta, self.scale, quantize_into=quantized)
             return self.o_proj.forward_quantized(quantized)
+        out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
     def checkpoint_slices(self, prefix: str) -> SliceMap:
