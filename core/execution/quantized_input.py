@@ -3,10 +3,11 @@
 A block-scaled FP8 layer multiplies activations quantized per token and group of 128 columns
 (core/execution/model/fp8_kernels.py). Where the kernel before it holds each group whole in
 registers as it writes its output, it can write the quantized values and scales itself, and the
-separate pass (a read of the bf16 output, a write of the FP8 one) goes. The attention kernel does
-so for o_proj in a step of prompts only: a head is 128 columns, one group. The layer's method
-allocates the buffers in the layout its GEMM reads (`LinearMethod.quantized_input`) and multiplies
-them (`LinearMethod.apply_quantized`); the values are those the separate pass computes, bit for bit.
+separate pass (a read of the bf16 output, a write of the FP8 one, a kernel) goes. The attention
+kernels (extend, decode split and reduce) do so for o_proj: a head is 128 columns, one group. The
+layer's method allocates the buffers in the layout its GEMM reads (`LinearMethod.quantized_input`)
+and multiplies them (`LinearMethod.apply_quantized`); the values are those the separate pass
+computes, bit for bit.
 """
 
 from __future__ import annotations

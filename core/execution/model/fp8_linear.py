@@ -13,8 +13,8 @@ the full matrix, so the result equals what a quantized checkpoint of the same we
 Modules the checkpoint's `modules_to_not_convert` names stay in the model's dtype
 (UnquantizedLinearMethod). The matmul is the GEMM `fp8_gemm.choose_gemm` picks for the device.
 A layer's input may come quantized by the kernel that computed it (o_proj's, from the attention
-kernel in a step of prompts: core/execution/quantized_input.py); `CADENCE_QUANTIZE_IN_ATTENTION=0`
-turns that off, so that the layer quantizes its input itself, as it does in every other step.
+kernels: core/execution/quantized_input.py); `CADENCE_QUANTIZE_IN_ATTENTION=0` turns that off, so
+that o_proj quantizes its input itself, as the other layers do.
 """
 
 from __future__ import annotations
