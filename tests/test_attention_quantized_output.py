@@ -34,7 +34,8 @@ from core.execution.attention.triton_extend import _extend_kernel  # noqa: E402
 from core.execution.model import fp8_gemm  # noqa: E402
 from core.execution.model.fp8_format import FP8_DTYPE  # noqa: E402
 from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations  # noqa: E402
-from core.execution.model.fp8_linear import Fp8LinearMethod  # noqa: E402
+from core.execution.model.fp8_linear import QUANTIZE_AHEAD_ENV, Fp8LinearMethod  # noqa: E402
+from core.execution.model.layers import layers_quantize_their_input  # noqa: E402
 from core.execution.quantized_input import QuantizedInput  # noqa: E402
 from core.execution.runner import ModelRunner  # noqa: E402
 
@@ -150,3 +151,25 @@ def test_an_fp8_models_logits_are_the_same_with_the_attention_quantizing(gemm, m
         assert (method._input_buffers is not None) == on, "the steps of prompts took the other path"
     for step, (fused, separate) in enumerate(zip(logits[True], logits[False])):
         assert_same_bits(fused, separate, f"step {step}'s logits")
+
+
+def test_the_attention_quantizes_o_projs_input_only_when_asked(monkeypatch):
+    monkeypatch.delenv(QUANTIZE_AHEAD_ENV, raising=False)
+    assert not Fp8LinearMethod(tiny_fp8_model_config()).takes_quantized_input
+    monkeypatch.setenv(QUANTIZE_AHEAD_ENV, "1")
+    assert Fp8LinearMethod(tiny_fp8_model_config()).takes_quantized_input
+
+
+def test_the_warm_ups_second_pass_has_every_layer_quantize_its_own_input(monkeypatch):
+    monkeypatch.setenv(QUANTIZE_AHEAD_ENV, "1")
+    config = EngineConfig(model=tiny_fp8_model_config(), device="cpu",
+                          cache=CacheConfig(block_size=16, num_pages=8))
+    model = ModelRunner(config, show_progress=False).model
+    methods = {m.linear_method for m in model.modules()
+               if isinstance(getattr(m, "linear_method", None), Fp8LinearMethod)}
+    with layers_quantize_their_input(model) as changed:
+        assert changed and not any(m.takes_quantized_input for m in methods)
+    assert all(m.takes_quantized_input for m in methods)
+    monkeypatch.delenv(QUANTIZE_AHEAD_ENV)
+    with layers_quantize_their_input(ModelRunner(config, show_progress=False).model) as changed:
+        assert not changed

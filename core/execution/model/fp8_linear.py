@@ -13,8 +13,8 @@ the full matrix, so the result equals what a quantized checkpoint of the same we
 Modules the checkpoint's `modules_to_not_convert` names stay in the model's dtype
 (UnquantizedLinearMethod). The matmul is the GEMM `fp8_gemm.choose_gemm` picks for the device.
 A layer's input may come quantized by the kernel that computed it (o_proj's, from the attention
-kernels: core/execution/quantized_input.py); `CADENCE_QUANTIZE_IN_ATTENTION=0` turns that off, so
-that o_proj quantizes its input itself, as the other layers do.
+kernels: core/execution/quantized_input.py) with `CADENCE_QUANTIZE_IN_ATTENTION=1`; by default
+o_proj quantizes its input itself, as the other layers do.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class Fp8LinearMethod(LinearMethod):
         self.quantize_at_load = config.weights_are_dummy or not self.format.checkpoint_is_quantized
         self.unquantized = UnquantizedLinearMethod(config)
         self.gemm = choose_gemm(torch.get_default_device())
-        self.takes_quantized_input = os.environ.get(QUANTIZE_AHEAD_ENV, "1") != "0"
+        # Off by default until measured on a GPU (benchmarks/NOTES.md); CADENCE_QUANTIZE_IN_ATTENTION=1.
+        self.takes_quantized_input = os.environ.get(QUANTIZE_AHEAD_ENV, "0") == "1"
         self.dtype = torch.get_default_dtype()  # the model's: what the products come out in
         # The last input buffers handed out, with what they were made for: every layer of a step asks
         # for the same, and the padded rows are zeroed only when they are made.

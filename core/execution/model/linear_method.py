@@ -28,7 +28,7 @@ class LinearMethod(ABC):
     """One instance serves every linear layer of a model; it keeps its state on the layers.
     Constructed as `cls(config)`, on the model's device and under its default dtype."""
 
-    # Whether quantized_input hands out buffers (FP8 by default; CADENCE_QUANTIZE_IN_ATTENTION=0 not).
+    # Whether quantized_input hands out buffers (FP8 with CADENCE_QUANTIZE_IN_ATTENTION=1).
     takes_quantized_input = False
 
     def __init__(self, config: ModelConfig) -> None:
