@@ -57,14 +57,15 @@ def tiny_fp8_hf_config(num_layers: int = 2, vocab_size: int = 512) -> Qwen3Confi
     )
 
 
-def tiny_fp8_model_config(dtype: str = "float32") -> ModelConfig:
+def tiny_fp8_model_config(dtype: str = "float32", num_layers: int = 2) -> ModelConfig:
     """qwen3-tiny (dummy weights) in tiny_fp8_hf_config's shapes, heads of 128 columns as every Qwen3's
     (so that a head is one FP8 activation group), quantized at load."""
-    hf = tiny_fp8_hf_config()
+    hf = tiny_fp8_hf_config(num_layers)
     tiny = ModelConfig.from_name("qwen3-tiny", dtype=dtype)
     return dataclasses.replace(tiny, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
                                head_dim=hf.head_dim, num_heads=hf.num_attention_heads,
-                               num_kv_heads=hf.num_key_value_heads).quantized_at_load("fp8")
+                               num_kv_heads=hf.num_key_value_heads,
+                               num_layers=hf.num_hidden_layers).quantized_at_load("fp8")
 
 
 def fp8_quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
