@@ -76,9 +76,12 @@ STEPS = {
 }
 
 
+# bf16 for every step; float32 (the CPU's dtype) for one.
+CASES = [(torch.bfloat16, name) for name in STEPS] + [(torch.float32, "mixed")]
+
+
 @pytest.mark.parametrize("column_major", [True, False], ids=["cublas-layout", "triton-layout"])
-@pytest.mark.parametrize("name", list(STEPS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("dtype", "name"), CASES, ids=[f"{str(d)[6:]}-{n}" for d, n in CASES])
 def test_the_quantized_output_is_the_quantization_pass_of_the_stored_output(dtype, name, column_major):
     step = build_step(STEPS[name], BLOCK_SIZE, Q_HEADS, KV_HEADS, dtype=dtype, head_dim=HEAD_DIM,
                       seed=len(name))
