@@ -22,7 +22,8 @@ ACTIVATION_GROUP = BLOCK  # the columns one activation scale covers
 
 
 class QuantizedInput(NamedTuple):
-    values: torch.Tensor  # float8_e4m3fn [R, K] with R >= num_tokens; rows past num_tokens are zeros
+    values: torch.Tensor  # float8_e4m3fn [R, K], R >= num_tokens; rows past num_tokens are padding (zeros
+    # in eager steps, unwritten in a CUDA graph: their products are dropped)
     scales: torch.Tensor  # float32 [R, K / 128], strided as the layer's GEMM reads them
     num_tokens: int  # the rows the producer writes: 0 .. num_tokens - 1
 
