@@ -12,7 +12,8 @@ seconds into it, sends SIGKILL to the server's process with that title. /health 
 completed request got exactly the tokens it asked for, the requests in flight at the kill and how
 long they took from the kill to their end (the moved ones, on a DP server), and /health over time.
 Exits 1 when a request is lost or short (on a server with a replica left, every request must
-complete).
+complete), and ends with the reason when nothing was killed (no process of that title, or a load
+that ended before --kill-after).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ async def drill(args: argparse.Namespace, load_args: argparse.Namespace) -> dict
         server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     probe = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
     health: list[tuple[float, int | str]] = []
+    killed: dict = {}
     try:
         await _wait_healthy(probe, base_url, server, args.startup_timeout)
         backend = HttpBackend(base_url, None, load_args.timeout, load.sampling_of(load_args))
@@ -92,7 +94,6 @@ async def drill(args: argparse.Namespace, load_args: argparse.Namespace) -> dict
         specs = load.build_dataset(load_args)
         run = LoadRun(load_args, backend)
         start = time.perf_counter()
-        killed: dict = {}
         stop = asyncio.Event()
 
         async def watch_health() -> None:
@@ -114,11 +115,16 @@ async def drill(args: argparse.Namespace, load_args: argparse.Namespace) -> dict
             stop.set()
             await watcher
             killer.cancel()
+        if killer.done() and not killer.cancelled() and killer.exception() is not None:
+            raise SystemExit(f"the drill killed nothing: {killer.exception()}")
+        if not killed:
+            raise SystemExit(f"the drill killed nothing: the load ended after {duration:.1f} s, before "
+                             f"--kill-after {args.kill_after:g} s; give it more prompts or kill sooner")
         return _report(args, command, run, start, duration, killed, health)
     finally:
         await probe.close()
         try:  # a server whose scheduler or tokenizer was killed exits by itself, naming it
-            server.wait(10)
+            server.wait(10 if killed else 0)
         except subprocess.TimeoutExpired:
             server.send_signal(signal.SIGINT)
         try:

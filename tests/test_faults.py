@@ -218,3 +218,20 @@ def test_step_kinds_are_told_apart_from_the_plan():
 def test_a_malformed_fault_drill_is_refused_with_the_field(text, message):
     with pytest.raises(ValueError, match=message):
         InjectedFault.parse(text)
+
+
+@pytest.mark.parametrize("kill,kill_after,message", [
+    ("cadence:nobody", 0.0, "the drill killed nothing: no process titled 'cadence:nobody'"),
+    ("cadence:executor dp=0 tp=0", 120.0,
+     r"the drill killed nothing: the load ended after .* before --kill-after 120"),
+], ids=["no-such-process", "load-ended-first"])
+def test_a_fault_drill_that_kills_nothing_fails_naming_why(tmp_path, kill, kill_after, message):
+    """A drill whose kill never happened reports no fault survived: it ends with the reason instead."""
+    from benchmarks import fault_drill
+
+    argv = ["--serve=--model qwen3-tiny --device cpu --max-model-len 256", "--kill", kill,
+            "--kill-after", str(kill_after), "--server-log", str(tmp_path / "server.log"), "--",
+            "--dataset", "random", "--input-len", "16", "--output-len", "4", "--num-prompts", "8",
+            "--max-concurrency", "4"]
+    with pytest.raises(SystemExit, match=message):
+        fault_drill.main(argv)

@@ -3,7 +3,6 @@ and as fine-grained FP8 checkpoints beside their bf16 and dequantized twins."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -11,8 +10,6 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen3Config
 from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
-
-from core.config import ModelConfig
 
 
 def tiny_hf_config(tie: bool = False, vocab_size: int = 256, num_layers: int = 2) -> Qwen3Config:
@@ -55,17 +52,6 @@ def tiny_fp8_hf_config(num_layers: int = 2, vocab_size: int = 512) -> Qwen3Confi
         tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6, bos_token_id=None,
         eos_token_id=None, torch_dtype="bfloat16",
     )
-
-
-def tiny_fp8_model_config(dtype: str = "float32", num_layers: int = 2) -> ModelConfig:
-    """qwen3-tiny (dummy weights) in tiny_fp8_hf_config's shapes, heads of 128 columns as every Qwen3's
-    (so that a head is one FP8 activation group), quantized at load."""
-    hf = tiny_fp8_hf_config(num_layers)
-    tiny = ModelConfig.from_name("qwen3-tiny", dtype=dtype)
-    return dataclasses.replace(tiny, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
-                               head_dim=hf.head_dim, num_heads=hf.num_attention_heads,
-                               num_kv_heads=hf.num_key_value_heads,
-                               num_layers=hf.num_hidden_layers).quantized_at_load("fp8")
 
 
 def fp8_quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

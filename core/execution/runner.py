@@ -30,7 +30,7 @@ from core.execution.host_to_device import to_device
 from core.execution.kv_cache import FP8_KV_DTYPE, KVCache
 from core.execution.mkl_vml import resolve_vml_dispatch
 from core.execution.model.causal_lm import CausalLM
-from core.execution.model.layers import finish_loading, layers_quantize_their_input
+from core.execution.model.layers import finish_loading
 from core.execution.model.loader import TORCH_DTYPES, load_checkpoint, load_dummy
 from core.execution.prompt_logprobs import PromptScores, prompt_targets, score_prompt
 from core.execution.registry import registered_class
@@ -192,14 +192,8 @@ class ModelRunner:
             return
         pages = max(sum(-(-(c + n) // block_size) for c, n in step) for step in steps)
         scratch = self._allocate_kv_cache(pages)
-        plans = [warmup_plan(step, block_size, self.config.model.vocab_size) for step in steps]
-        for plan in plans:
-            self.forward_logits(plan, scratch)
-        # Where attention wrote o_proj's input quantized (FP8), its unquantized outputs too: the steps
-        # a GEMM takes unquantized (a few rows on the Triton GEMM) run those kernels.
-        with layers_quantize_their_input(self.model) as changed:
-            for plan in plans if changed else []:
-                self.forward_logits(plan, scratch)
+        for step in steps:
+            self.forward_logits(warmup_plan(step, block_size, self.config.model.vocab_size), scratch)
         torch.cuda.synchronize(self.device)
         del scratch
         torch.cuda.empty_cache()

@@ -17,7 +17,6 @@ import torch
 
 from core.execution.host_to_device import to_device
 from core.execution.kv_cache import raw, to_cache_dtype
-from core.execution.quantized_input import QuantizedInput
 from core.plan import StepPlan
 
 
@@ -61,9 +60,6 @@ class AttentionBackend(ABC):
     # Whether a CUDA graph may capture forward: given meta.static_shapes, its launches depend on the
     # tensors' shapes alone, never on the host arrays' values (core/execution/decode_graphs.py).
     supports_decode_graphs: bool = False
-    # Whether forward can write its output quantized as an FP8 o_proj's input (quantize_into), each
-    # head of 128 columns one activation group (core/execution/quantized_input.py).
-    quantizes_output: bool = False
 
     @abstractmethod
     def forward(
@@ -75,11 +71,8 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-        quantize_into: QuantizedInput | None = None,
-    ) -> torch.Tensor | None:  # [T, q_heads, head_dim]
-        """Write k and v into their slots, then attend every query over its request's pages.
-        `quantize_into` (where quantizes_output): write the output there, quantized as an FP8
-        o_proj's input, and return None."""
+    ) -> torch.Tensor:  # [T, q_heads, head_dim]
+        """Write k and v into their slots, then attend every query over its request's pages."""
 
     def launch_state(self) -> object | None:
         """What the last forward's launches read or write besides their arguments (scratch buffers):

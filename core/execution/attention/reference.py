@@ -17,9 +17,7 @@ class ReferenceAttention(AttentionBackend):
         """Built as every backend is, from its device, which it does not need: it runs wherever its
         tensors are."""
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-                quantize_into=None) -> torch.Tensor:
-        assert quantize_into is None, "the reference backend does not quantize its output"
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.kv_index)
         block_size = k_cache.shape[1]
         out = torch.empty_like(q)

@@ -34,7 +34,6 @@ from core.execution.attention.triton_extend import (
 )
 from core.execution.attention.triton_kv_write import write_kv_paged
 from core.execution.kv_cache import FP8_KV_DTYPE
-from core.execution.quantized_input import QuantizedInput
 
 # The Triton interpreter (CPU) runs programs one after another: a few "SMs" keep test launches small.
 INTERPRETER_NUM_SMS = 4
@@ -59,7 +58,6 @@ class _StepLaunch:
 class TritonAttention(AttentionBackend):
     name = "triton"
     supports_decode_graphs = True
-    quantizes_output = True  # the extend and decode kernels each quantize the rows they write
 
     def __init__(self, device: torch.device | str = "cuda", min_split_tokens: int = MIN_SPLIT_TOKENS) -> None:
         device = torch.device(device)
@@ -71,36 +69,32 @@ class TritonAttention(AttentionBackend):
         self.min_split_tokens = min_split_tokens
         self._step: _StepLaunch | None = None
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-                quantize_into: QuantizedInput | None = None) -> torch.Tensor | None:
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv_paged(k, v, k_cache, v_cache, meta.kv_index)
-        return self.attend(q, k_cache, v_cache, meta, scale, step_kv=(k, v), quantize_into=quantize_into)
+        return self.attend(q, k_cache, v_cache, meta, scale, step_kv=(k, v))
 
     def launch_state(self) -> _StepLaunch | None:
         """The last step's launch, whose split scratch buffers (partial_out, partial_lse) a graph writes."""
         return self._step
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-               scale: float, step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-               quantize_into: QuantizedInput | None = None) -> torch.Tensor | None:
+               scale: float, step_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Attention of every query over its request's pages (K/V already written): [T, q_heads, head_dim].
         `step_kv`: the step's own (k, v), which the extend kernel reads instead of the pages when no
-        extending request has a cached prefix and the cache holds them unrounded (its dtype is q's).
-        `quantize_into`: the output goes there, quantized as an FP8 o_proj's input; returns None."""
+        extending request has a cached prefix and the cache holds them unrounded (its dtype is q's)."""
         if q.stride(-1) != 1:
             q = q.contiguous()
-        out = None if quantize_into is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if q.shape[0] == 0:
             return out
         step = self._launch_for(q, k_cache, v_cache, meta)
         if step.splits is not None:
             decode_attention(q, k_cache, v_cache, out, meta.block_table, meta.seq_lens, meta.query_start,
-                             scale, step.splits, step.partial_out, step.partial_lse,
-                             quantize_into=quantize_into)
+                             scale, step.splits, step.partial_out, step.partial_lse)
         if step.tiles is not None:
             fresh_kv = step_kv if step.fresh and k_cache.dtype == q.dtype else None
             extend_attention(q, k_cache, v_cache, out, meta.block_table, meta.seq_lens, meta.query_start,
-                             scale, step.work, step.tiles, fresh_kv, quantize_into)
+                             scale, step.work, step.tiles, fresh_kv)
         return out
 
     def _launch_for(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -29,9 +29,6 @@ from core.execution.attention.triton_tiles import (
     softmax_step,
 )
 from core.execution.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait, launch_options
-from core.execution.model.fp8_format import FP8_MAX, MIN_AMAX
-from core.execution.model.fp8_kernels import quantize_rows
-from core.execution.quantized_input import QuantizedInput, quantized_output_args
 
 # Enough programs for several waves of resident blocks, so that the last wave's tail is short; a
 # step with fewer (request, KV head) pairs than this splits each context.
@@ -84,11 +81,9 @@ def _decode_split_kernel(
     scale_log2e, num_splits, split_tokens,
     stride_q_tok, stride_q_head, stride_out_tok, stride_out_head,
     stride_cache_page, stride_cache_pos, stride_cache_head, stride_table_req,
-    xq_ptr, xs_ptr, stride_xq_tok, stride_xs_tok, stride_xs_head,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PER_REQUEST_SPLITS: tl.constexpr, PDL: tl.constexpr, QUANTIZE: tl.constexpr, FP8_MAX_: tl.constexpr,
-    MIN_AMAX_: tl.constexpr,
+    PER_REQUEST_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:  # core/execution/dependent_launch.py
         gdc_launch_dependents()
@@ -136,15 +131,8 @@ def _decode_split_kernel(
 
     # Every split holds at least one token, so row_sum >= 1.
     if DIRECT:
-        out = (acc / row_sum[:, None]).to(q_ptr.dtype.element_ty)
-        if QUANTIZE:  # o_proj's FP8 input, as fp8_kernels.quantize_activations makes it of `out`
-            values, scales = quantize_rows(out.to(tl.float32), FP8_MAX_, MIN_AMAX_)
-            tl.store(xq_ptr + q_row * stride_xq_tok + heads[:, None] * HEAD_DIM + dims[None, :],
-                     values.to(xq_ptr.dtype.element_ty), mask=io_mask)
-            tl.store(xs_ptr + q_row * stride_xs_tok + heads * stride_xs_head, scales, mask=head_mask)
-        else:
-            tl.store(out_ptr + q_row * stride_out_tok + heads[:, None] * stride_out_head + dims[None, :], out,
-                     mask=io_mask)
+        tl.store(out_ptr + q_row * stride_out_tok + heads[:, None] * stride_out_head + dims[None, :],
+                 (acc / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
     else:
         # partial_out: [B, q_heads, num_splits, HEAD_DIM]; partial_lse: [B, q_heads, num_splits], log2 units.
         part = (req * (tl.num_programs(1) * GROUP) + heads) * num_splits + split  # [BLOCK_H]
@@ -157,10 +145,8 @@ def _decode_split_kernel(
 def _decode_reduce_kernel(
     partial_out_ptr, partial_lse_ptr, out_ptr, seq_lens_ptr, query_start_ptr,
     num_splits, split_tokens, stride_out_tok, stride_out_head,
-    xq_ptr, xs_ptr, stride_xq_tok, stride_xs_tok, stride_xs_head,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
-    PER_REQUEST_SPLITS: tl.constexpr, PDL: tl.constexpr, QUANTIZE: tl.constexpr, FP8_MAX_: tl.constexpr,
-    MIN_AMAX_: tl.constexpr,
+    PER_REQUEST_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:  # core/execution/dependent_launch.py
         gdc_launch_dependents()
@@ -187,14 +173,9 @@ def _decode_reduce_kernel(
     dim_mask = dims < HEAD_DIM
     parts = tl.load(partial_out_ptr + part[:, None] * HEAD_DIM + dims[None, :],
                     mask=split_mask[:, None] & dim_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
-    out = tl.sum(parts * weights[:, None], 0).to(out_ptr.dtype.element_ty)
-    if QUANTIZE:  # o_proj's FP8 input: the head is one group of 128 columns
-        values, scales = quantize_rows(tl.reshape(out.to(tl.float32), (1, BLOCK_D)), FP8_MAX_, MIN_AMAX_)
-        tl.store(xq_ptr + q_row * stride_xq_tok + head * HEAD_DIM + dims[None, :],
-                 values.to(xq_ptr.dtype.element_ty), mask=dim_mask[None, :])
-        tl.store(xs_ptr + q_row * stride_xs_tok + head * stride_xs_head + tl.arange(0, 1), scales)
-    else:
-        tl.store(out_ptr + q_row * stride_out_tok + head * stride_out_head + dims, out, mask=dim_mask)
+    out = tl.sum(parts * weights[:, None], 0)
+    tl.store(out_ptr + q_row * stride_out_tok + head * stride_out_head + dims,
+             out.to(out_ptr.dtype.element_ty), mask=dim_mask)
 
 
 def reduce_block(num_splits: int) -> int:
@@ -202,18 +183,16 @@ def reduce_block(num_splits: int) -> int:
     return max(16, next_power_of_2(num_splits))
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor | None,
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                      block_table: torch.Tensor, seq_lens: torch.Tensor, query_start: torch.Tensor,
                      scale: float, splits: DecodeSplits, partial_out: torch.Tensor | None,
-                     partial_lse: torch.Tensor | None, tiles: DecodeTiles | None = None,
-                     quantize_into: QuantizedInput | None = None) -> None:
+                     partial_lse: torch.Tensor | None, tiles: DecodeTiles | None = None) -> None:
     """Fill out's rows of the requests with query length 1; other rows are left alone.
 
     q, out: [T, q_heads, head_dim] with head_dim contiguous. With splits.num_splits > 1,
     partial_out [B, q_heads, num_splits, head_dim] and partial_lse [B, q_heads, num_splits] are
     float32 scratch. `tiles` overrides decode_tiles (benchmarks sweep it); splits.split_tokens must
-    be a multiple of its block_n. `quantize_into`: write the rows there instead, quantized as
-    o_proj's FP8 input (`out` unused; see extend_attention).
+    be a multiple of its block_n.
     """
     num_reqs = seq_lens.shape[0]
     num_q_heads, head_dim = q.shape[1], q.shape[2]
@@ -224,27 +203,22 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     per_request = splits.split_tokens == 0
     block_d = max(16, next_power_of_2(head_dim))
     pdl = dependent_launch(q.device)
-    out, xq, xs = quantized_output_args(q, out, quantize_into)
-    quantized = dict(QUANTIZE=quantize_into is not None, FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX)
     _decode_split_kernel[(num_reqs, num_kv_heads, splits.num_splits)](
         q, k_cache, v_cache, out, partial_out, partial_lse,
         block_table, seq_lens, query_start,
         scale * 1.4426950408889634, splits.num_splits, splits.split_tokens,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        xq, xs, xq.stride(0), xs.stride(0), xs.stride(1),
         GROUP=group, BLOCK_H=max(16, next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=tiles.block_n, DIRECT=direct,
-        DOT_PRECISION=dot_precision(q.dtype), PER_REQUEST_SPLITS=per_request, PDL=pdl, **quantized,
-        **launch_options(pdl), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        DOT_PRECISION=dot_precision(q.dtype), PER_REQUEST_SPLITS=per_request, PDL=pdl, **launch_options(pdl),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if direct:
         return
     _decode_reduce_kernel[(num_reqs, num_q_heads)](
         partial_out, partial_lse, out, seq_lens, query_start,
         splits.num_splits, splits.split_tokens, out.stride(0), out.stride(1),
-        xq, xs, xq.stride(0), xs.stride(0), xs.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=reduce_block(splits.num_splits),
-        BLOCK_N=tiles.block_n, PER_REQUEST_SPLITS=per_request, PDL=pdl, **quantized, **launch_options(pdl),
-        num_warps=4,
+        BLOCK_N=tiles.block_n, PER_REQUEST_SPLITS=per_request, PDL=pdl, **launch_options(pdl), num_warps=4,
     )

@@ -33,9 +33,6 @@ from core.execution.attention.triton_tiles import (
     next_power_of_2,
     softmax_step,
 )
-from core.execution.model.fp8_format import FP8_MAX, MIN_AMAX
-from core.execution.model.fp8_kernels import quantize_rows
-from core.execution.quantized_input import QuantizedInput, quantized_output_args
 
 
 class ExtendTiles(NamedTuple):
@@ -88,15 +85,11 @@ def _extend_kernel(
     stride_q_tok, stride_q_head, stride_out_tok, stride_out_head,
     stride_cache_page, stride_cache_pos, stride_cache_head, stride_table_req,
     k_ptr, v_ptr, stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
-    xq_ptr, xs_ptr, stride_xq_tok, stride_xs_tok, stride_xs_head,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, FRESH: tl.constexpr,
-    QUANTIZE: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr,
 ):
     """FRESH: every request of the work list has no cached prefix, and its keys are read from the
-    step's own K/V rows (k_ptr, v_ptr) instead of the pages: no page table, no gather.
-    QUANTIZE: the output goes to o_proj's FP8 input instead of out_ptr: each row's head (128
-    columns, one activation group) as e4m3 values at xq_ptr and its scale at xs_ptr."""
+    step's own K/V rows (k_ptr, v_ptr) instead of the pages: no page table, no gather."""
     # Heads vary fastest, so the GROUP programs sharing a KV head run together and share it in L2.
     head = tl.program_id(0)
     tile = tl.program_id(1)
@@ -154,45 +147,32 @@ def _extend_kernel(
         acc, row_sum, row_max = softmax_step(acc, row_sum, row_max, scores, v, DOT_PRECISION)
 
     # Every row sees key 0 (valid rows) or all keys < kv_end (padding rows), so row_sum > 0.
-    out = (acc / row_sum[:, None]).to(q_ptr.dtype.element_ty)
-    if QUANTIZE:  # what fp8_kernels.quantize_activations makes of the stored output, bit for bit
-        values, scales = quantize_rows(out.to(tl.float32), FP8_MAX_, MIN_AMAX_)
-        tl.store(xq_ptr + (q_row0 + rows)[:, None] * stride_xq_tok + head * HEAD_DIM + dims[None, :],
-                 values.to(xq_ptr.dtype.element_ty), mask=io_mask)
-        tl.store(xs_ptr + (q_row0 + rows) * stride_xs_tok + head * stride_xs_head, scales, mask=row_mask)
-    else:
-        tl.store(out_ptr + (q_row0 + rows)[:, None] * stride_out_tok + head * stride_out_head + dims[None, :],
-                 out, mask=io_mask)
+    tl.store(out_ptr + (q_row0 + rows)[:, None] * stride_out_tok + head * stride_out_head + dims[None, :],
+             (acc / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor | None,
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                      block_table: torch.Tensor, seq_lens: torch.Tensor, query_start: torch.Tensor,
                      scale: float, work: torch.Tensor, tiles: ExtendTiles,
-                     fresh_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     quantize_into: QuantizedInput | None = None) -> None:
+                     fresh_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Fill out's rows of the requests in `work` (extend_work_list, on q's device, built with
     tiles.block_m). q, out: [T, q_heads, head_dim] with head_dim contiguous. `fresh_kv`: the step's
     own (k, v) [T, kv_heads, head_dim], to read the keys from when no request of `work` has a
-    cached prefix (the caller checks; the pages hold the same values in the cache's dtype).
-    `quantize_into`: write the rows there instead, quantized as o_proj's FP8 input (`out` unused;
-    head_dim must be the 128 columns of an activation group)."""
+    cached prefix (the caller checks; the pages hold the same values in the cache's dtype)."""
     num_tiles = work.shape[1]
     if num_tiles == 0:
         return
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     k, v = fresh_kv if fresh_kv is not None else (k_cache, v_cache)  # unread unless FRESH
-    out, xq, xs = quantized_output_args(q, out, quantize_into)
     _extend_kernel[(num_q_heads, num_tiles)](
         q, k_cache, v_cache, out, block_table, seq_lens, query_start,
         work[0], work[1], scale * 1.4426950408889634,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
         k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        xq, xs, xq.stride(0), xs.stride(0), xs.stride(1),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         DOT_PRECISION=dot_precision(q.dtype), FRESH=fresh_kv is not None,
-        QUANTIZE=quantize_into is not None, FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )

@@ -46,14 +46,12 @@ import functools
 import logging
 import os
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from core.execution.model.fp8_format import dequantize_weight
 from core.execution.model.fused import silu_mul
-from core.execution.quantized_input import QuantizedInput
 
 log = logging.getLogger(__name__)
 ENV = "CADENCE_FP8_GEMM"
@@ -73,105 +71,46 @@ def dequant_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.
 
 def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                 gated: bool = False) -> torch.Tensor:
-    from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
-
-    if _triton_quantizes_inside(x.shape[0]):  # decode: the GEMM quantizes its rows itself
-        return block_fp8_matmul(silu_mul(x) if gated else x, None, weight, weight_scale_inv, x.dtype)
-    return _triton_product(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
-
-
-def _triton_quantizes_inside(m: int) -> bool:
-    from core.execution.model.fp8_gemv import GEMV_MAX_M
-
-    return GEMV_MAX_M < m <= FUSED_QUANTIZATION_MAX_M
-
-
-def _triton_product(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
-                    weight_scale_inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """triton_gemm's product of quantized rows (row-major scales)."""
     from core.execution.model.fp8_gemv import GEMV_MAX_M, fp8_gemv
-    from core.execution.model.fp8_kernels import block_fp8_matmul
+    from core.execution.model.fp8_kernels import block_fp8_matmul, quantize_activations
     from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M, fp8_row_gemv
 
-    if x_q.shape[0] <= ROW_GEMV_MAX_M:  # decode at concurrency 1: whole weight rows a program
-        return fp8_row_gemv(x_q, x_scales, weight, weight_scale_inv, out_dtype)
-    if x_q.shape[0] <= GEMV_MAX_M:  # decode: a weight read, on the CUDA cores
-        return fp8_gemv(x_q, x_scales, weight, weight_scale_inv, out_dtype)
-    return block_fp8_matmul(x_q, x_scales, weight, weight_scale_inv, out_dtype)
+    if x.shape[0] <= ROW_GEMV_MAX_M:  # decode at concurrency 1: whole weight rows a program
+        return fp8_row_gemv(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
+    if x.shape[0] <= GEMV_MAX_M:  # decode: a weight read, on the CUDA cores
+        return fp8_gemv(*quantize_activations(x, silu_mul=gated), weight, weight_scale_inv, x.dtype)
+    if x.shape[0] <= FUSED_QUANTIZATION_MAX_M:  # decode: the GEMM quantizes its rows itself
+        return block_fp8_matmul(silu_mul(x) if gated else x, None, weight, weight_scale_inv, x.dtype)
+    x_q, x_scales = quantize_activations(x, silu_mul=gated)
+    return block_fp8_matmul(x_q, x_scales, weight, weight_scale_inv, x.dtype)
 
 
 def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                    gated: bool = False) -> torch.Tensor:
+    from torch.nn.functional import ScalingType, SwizzleType
+
     from core.execution.model.fp8_kernels import quantize_activations
 
-    m = x.shape[0]
-    if not _takes_scaled_mm(scaled_mm_gemm, m, weight_scale_inv):
+    if weight_scale_inv.shape[1] % 4:  # torch wants the K blocks' scales in fours (TP 4 and 8 shards)
         return triton_gemm(x, weight, weight_scale_inv, gated)
+    m = x.shape[0]
+    rows = -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
     # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
-    x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=scaled_mm_rows(m), silu_mul=gated)
-    return _scaled_mm(x_q, x_scales, weight, weight_scale_inv, x.dtype, m)
+    x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=rows, silu_mul=gated)
+    # weight.t() is [K, N] column-major; weight_scale_inv.t() is [K/128, N/128] with stride (1, K/128).
+    out = F.scaled_mm(x_q, weight.t(), x_scales, ScalingType.BlockWise1x128, weight_scale_inv.t(),
+                      ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
+                      swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=x.dtype)
+    return out if rows == m else out[:m]
 
 
 def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                   gated: bool = False) -> torch.Tensor:
-    if _takes_scaled_mm(row_gemv_gemm, x.shape[0], weight_scale_inv):
-        return scaled_mm_gemm(x, weight, weight_scale_inv, gated)
-    return triton_gemm(x, weight, weight_scale_inv, gated)  # one row: the row GEMV
-
-
-def _takes_scaled_mm(gemm: Fp8Gemm, m: int, weight_scale_inv: torch.Tensor) -> bool:
-    """Whether `gemm` multiplies m rows on cuBLAS: scaled_mm always, row_gemv above one row, both
-    only where torch takes the K blocks' scales (in fours: not TP 4 and 8 shards); else triton_gemm."""
     from core.execution.model.fp8_row_gemv import ROW_GEMV_MAX_M
 
-    on_cublas = gemm is scaled_mm_gemm or (gemm is row_gemv_gemm and m > ROW_GEMV_MAX_M)
-    return on_cublas and weight_scale_inv.shape[1] % 4 == 0
-
-
-def scaled_mm_rows(m: int) -> int:
-    """The rows cuBLAS's block-scaled GEMM multiplies for m: padded to a multiple of 16."""
-    return -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
-
-
-def _scaled_mm(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
-               weight_scale_inv: torch.Tensor, out_dtype: torch.dtype, m: int) -> torch.Tensor:
-    from torch.nn.functional import ScalingType, SwizzleType
-
-    # weight.t() is [K, N] column-major; weight_scale_inv.t() is [K/128, N/128] with stride (1, K/128).
-    out = F.scaled_mm(x_q, weight.t(), x_scales, ScalingType.BlockWise1x128, weight_scale_inv.t(),
-                      ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
-                      swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=out_dtype)
-    return out if x_q.shape[0] == m else out[:m]
-
-
-class InputLayout(NamedTuple):
-    """How a GEMM wants an input quantized ahead of it (QuantizedInput): its row count, and whether
-    the scales are column-major (stride (1, rows), cuBLAS's) rather than row-major."""
-
-    rows: int
-    column_major_scales: bool
-
-
-def quantized_input_layout(gemm: Fp8Gemm, m: int, weight_scale_inv: torch.Tensor) -> InputLayout | None:
-    """The layout in which `gemm` multiplies m rows quantized by their producer, as its own
-    quantization would have laid them out; None where it takes them otherwise (the Triton GEMM's
-    few rows that it quantizes inside itself; the dequantizing GEMM, which quantizes nothing)."""
-    if gemm is dequant_gemm:
-        return None
-    if _takes_scaled_mm(gemm, m, weight_scale_inv):
-        return InputLayout(scaled_mm_rows(m), True)
-    return None if _triton_quantizes_inside(m) else InputLayout(m, False)
-
-
-def multiply_quantized(gemm: Fp8Gemm, x: QuantizedInput, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                       out_dtype: torch.dtype) -> torch.Tensor:
-    """x, laid out by quantized_input_layout for `gemm`, times the weight transposed: [x.num_tokens, N],
-    the product `gemm` computes from the unquantized rows."""
-    layout = quantized_input_layout(gemm, x.num_tokens, weight_scale_inv)
-    assert layout is not None and x.values.shape[0] == layout.rows, f"{gemm} takes no input quantized ahead"
-    if layout.column_major_scales:
-        return _scaled_mm(x.values, x.scales, weight, weight_scale_inv, out_dtype, x.num_tokens)
-    return _triton_product(x.values, x.scales, weight, weight_scale_inv, out_dtype)
+    if x.shape[0] <= ROW_GEMV_MAX_M:  # triton_gemm's row GEMV
+        return triton_gemm(x, weight, weight_scale_inv, gated)
+    return scaled_mm_gemm(x, weight, weight_scale_inv, gated)
 
 
 @functools.cache

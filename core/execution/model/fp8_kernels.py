@@ -48,7 +48,7 @@ def round_to_e4m3(v):
 
 
 @triton.jit
-def quantize_rows(x, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
+def _quantize_rows(x, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
     """x [R, 128] float32 -> (its e4m3 values as float32, each row's scale = amax / 448)."""
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_AMAX_)  # [R]
     scale = tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX_, tl.float32))
@@ -80,7 +80,7 @@ def _quantize_groups_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm,
         x = (silu.to(tl.float32) * up.to(tl.float32)).to(up.dtype).to(tl.float32)
     else:
         x = tl.load(x_ptr + row * stride_xm + cols, mask=mask & in_rows, other=0.0).to(tl.float32)
-    q, scale = quantize_rows(x, FP8_MAX_, MIN_AMAX_)
+    q, scale = _quantize_rows(x, FP8_MAX_, MIN_AMAX_)
     tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row * stride_sm + group * stride_sg, scale, mask=group * GROUP < K)
 
@@ -157,7 +157,7 @@ def _block_fp8_matmul_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, M, N
         b = tl.load(b_ptr + offs_n[None, :] * stride_bn + k[:, None], mask=mask_k[:, None] & mask_n[None, :],
                     other=0.0)  # [BLOCK_K, BLOCK_N]
         if QUANTIZE_A:
-            a, a_scale = quantize_rows(a.to(tl.float32), FP8_MAX_, MIN_AMAX_)
+            a, a_scale = _quantize_rows(a.to(tl.float32), FP8_MAX_, MIN_AMAX_)
             a = a.to(b.dtype)
         else:
             a_scale = tl.load(a_scale_ptr + offs_m * stride_asm + step * stride_asg, mask=mask_m, other=0.0)

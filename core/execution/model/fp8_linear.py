@@ -12,14 +12,9 @@ each rank loads its shard in the model's dtype and quantizes it after loading, b
 the full matrix, so the result equals what a quantized checkpoint of the same weights would load.
 Modules the checkpoint's `modules_to_not_convert` names stay in the model's dtype
 (UnquantizedLinearMethod). The matmul is the GEMM `fp8_gemm.choose_gemm` picks for the device.
-A layer's input may come quantized by the kernel that computed it (o_proj's, from the attention
-kernels: core/execution/quantized_input.py) with `CADENCE_QUANTIZE_IN_ATTENTION=1`; by default
-o_proj quantizes its input itself, as the other layers do.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import nn
@@ -27,18 +22,9 @@ from torch import nn
 from core.config import ModelConfig
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fp8_format import BLOCK, FP8_DTYPE, quantize_weight
-from core.execution.model.fp8_gemm import (
-    GATED_GEMMS,
-    InputLayout,
-    choose_gemm,
-    multiply_quantized,
-    quantized_input_layout,
-)
+from core.execution.model.fp8_gemm import GATED_GEMMS, choose_gemm
 from core.execution.model.linear_method import LinearMethod
 from core.execution.model.unquantized_linear import UnquantizedLinearMethod
-from core.execution.quantized_input import QuantizedInput
-
-QUANTIZE_AHEAD_ENV = "CADENCE_QUANTIZE_IN_ATTENTION"
 
 
 class Fp8LinearMethod(LinearMethod):
@@ -49,12 +35,6 @@ class Fp8LinearMethod(LinearMethod):
         self.quantize_at_load = config.weights_are_dummy or not self.format.checkpoint_is_quantized
         self.unquantized = UnquantizedLinearMethod(config)
         self.gemm = choose_gemm(torch.get_default_device())
-        # Off by default until measured on a GPU (benchmarks/NOTES.md); CADENCE_QUANTIZE_IN_ATTENTION=1.
-        self.takes_quantized_input = os.environ.get(QUANTIZE_AHEAD_ENV, "0") == "1"
-        self.dtype = torch.get_default_dtype()  # the model's: what the products come out in
-        # The last input buffers handed out, with what they were made for: every layer of a step asks
-        # for the same, and the padded rows are zeroed only when they are made.
-        self._input_buffers: tuple[tuple, QuantizedInput] | None = None
 
     def method_for(self, matrices: list[str]) -> LinearMethod:
         skipped = [name for name in matrices if self.format.leaves_unconverted(name)]
@@ -98,35 +78,6 @@ class Fp8LinearMethod(LinearMethod):
         if self.gemm in GATED_GEMMS:  # SiLU * up computed where the activations are quantized
             return GATED_GEMMS[self.gemm](gate_up, layer.weight, layer.weight_scale_inv)
         return super().apply_gated(layer, gate_up)
-
-    def quantized_input(self, layer: nn.Module, num_tokens: int) -> QuantizedInput | None:
-        layout = quantized_input_layout(self.gemm, num_tokens, layer.weight_scale_inv) \
-            if self.takes_quantized_input else None
-        if layout is None:
-            return None
-        k, device = layer.weight.shape[1], layer.weight.device
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # A CUDA graph's own buffers, written at every replay; no zeros (a memset in every replay):
-            # a padded row's product is one of the rows cuBLAS's output loses.
-            return QuantizedInput(torch.empty((layout.rows, k), dtype=FP8_DTYPE, device=device),
-                                  _scales(layout, k, device, torch.empty), num_tokens)
-        key = (layout, num_tokens, k, device)
-        if self._input_buffers is None or self._input_buffers[0] != key:
-            values = torch.zeros((layout.rows, k), dtype=FP8_DTYPE, device=device)
-            scales = _scales(layout, k, device, torch.ones)
-            self._input_buffers = (key, QuantizedInput(values, scales, num_tokens))
-        return self._input_buffers[1]
-
-    def apply_quantized(self, layer: nn.Module, x: QuantizedInput) -> torch.Tensor:
-        return multiply_quantized(self.gemm, x, layer.weight, layer.weight_scale_inv, self.dtype)
-
-
-def _scales(layout: InputLayout, k: int, device: torch.device, make) -> torch.Tensor:
-    """The scales of a quantized input of k columns in `layout`, made by `make` (torch.ones, torch.empty)."""
-    groups = _cdiv(k, BLOCK)
-    if layout.column_major_scales:
-        return make((groups, layout.rows), dtype=torch.float32, device=device).t()
-    return make((layout.rows, groups), dtype=torch.float32, device=device)
 
 
 def _cdiv(a: int, b: int) -> int:

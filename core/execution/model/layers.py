@@ -10,9 +10,6 @@ tensors behind them and the matmul to their LinearMethod (linear_method.py).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,7 +19,6 @@ from core.execution.mkl_vml import resolve_vml_dispatch
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fused import add_rms_norm, rms_norm
 from core.execution.model.linear_method import LinearMethod
-from core.execution.quantized_input import QuantizedInput
 
 
 class RMSNorm(nn.Module):
@@ -101,37 +97,11 @@ class RowParallelLinear(nn.Module):
         """forward(SiLU(gate) * up) of gate_up [T, 2 * in_features / tp] (gate first)."""
         return self.tp.all_reduce(self.linear_method.apply_gated(self, gate_up))
 
-    def quantized_input(self, num_tokens: int) -> QuantizedInput | None:
-        """Buffers for this rank's input of num_tokens rows, quantized by the kernel that computes it
-        (LinearMethod.quantized_input); None: call forward with it unquantized."""
-        return self.linear_method.quantized_input(self, num_tokens)
-
-    def forward_quantized(self, x: QuantizedInput) -> torch.Tensor:
-        """forward of the input written into quantized_input's buffers."""
-        return self.tp.all_reduce(self.linear_method.apply_quantized(self, x))
-
     def checkpoint_slices(self) -> SliceMap:
         return self.linear_method.checkpoint_slices({
             self.matrix_name: CheckpointSlice((self.out_features, self.in_features), dim=1,
                                               start=self.tp.rank * self.local_in, length=self.local_in)
         })
-
-
-@contextlib.contextmanager
-def layers_quantize_their_input(model: nn.Module) -> Iterator[bool]:
-    """For its duration no linear layer takes an input quantized ahead (`quantized_input` is None),
-    as where its GEMM takes none: the runner's warm-up runs its steps this way too, so that the
-    attention kernels writing unquantized outputs are compiled as well. Yields whether any did."""
-    methods = {module.linear_method for module in model.modules()
-               if isinstance(module, (ColumnParallelLinear, RowParallelLinear))}
-    taking = [method for method in methods if method.takes_quantized_input]
-    for method in taking:
-        method.takes_quantized_input = False
-    try:
-        yield bool(taking)
-    finally:
-        for method in taking:
-            method.takes_quantized_input = True
 
 
 def finish_loading(model: nn.Module) -> None:

@@ -19,7 +19,6 @@ from torch import nn
 from core.config import ModelConfig
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fused import silu_mul
-from core.execution.quantized_input import QuantizedInput
 from core.execution.registry import registered_class
 from core.registry import LINEAR_METHODS
 
@@ -27,9 +26,6 @@ from core.registry import LINEAR_METHODS
 class LinearMethod(ABC):
     """One instance serves every linear layer of a model; it keeps its state on the layers.
     Constructed as `cls(config)`, on the model's device and under its default dtype."""
-
-    # Whether quantized_input hands out buffers (FP8 with CADENCE_QUANTIZE_IN_ATTENTION=1).
-    takes_quantized_input = False
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
@@ -64,18 +60,6 @@ class LinearMethod(ABC):
         down projection. A method may fold the activation into what it does to its input anyway
         (FP8 quantizes it)."""
         return self.apply(layer, silu_mul(gate_up))
-
-
-    def quantized_input(self, layer: nn.Module, num_tokens: int) -> QuantizedInput | None:
-        """Buffers for `num_tokens` rows of this layer's input quantized by the kernel that computes
-        them, laid out as `apply_quantized` multiplies them (core/execution/quantized_input.py); None
-        where the method takes its input unquantized (every method but FP8's, and FP8's at a row
-        count its GEMM quantizes itself)."""
-        return None
-
-    def apply_quantized(self, layer: nn.Module, x: QuantizedInput) -> torch.Tensor:
-        """`apply` of an input filled into `quantized_input`'s buffers: [x.num_tokens, sum(out_sizes)]."""
-        raise NotImplementedError(f"{type(self).__name__} takes no input quantized ahead")
 
 
 def linear_method_for(config: ModelConfig) -> LinearMethod:

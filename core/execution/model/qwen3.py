@@ -30,7 +30,6 @@ from core.execution.model.layers import (
     VocabParallelEmbedding,
 )
 from core.execution.model.linear_method import LinearMethod, linear_method_for
-from core.execution.quantized_input import ACTIVATION_GROUP
 
 
 def _prefixed(module_prefix: str, slices: SliceMap) -> SliceMap:
@@ -67,13 +66,6 @@ class Qwen3Attention(nn.Module):
                             self.q_norm.eps)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache.layer(self.layer_index)
-        # An FP8 o_proj's input groups of 128 columns are the heads: the attention kernel may quantize
-        # its output as it writes it (core/execution/quantized_input.py), one pass over it fewer.
-        quantized = self.o_proj.quantized_input(num_tokens) \
-            if self.head_dim == ACTIVATION_GROUP and backend.quantizes_output else None
-        if quantized is not None:
-            backend.forward(q, k, v, k_cache, v_cache, meta, self.scale, quantize_into=quantized)
-            return self.o_proj.forward_quantized(quantized)
         out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
