@@ -87,8 +87,6 @@ def triton_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
 
 def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                    gated: bool = False) -> torch.Tensor:
-    from torch.nn.functional import ScalingType, SwizzleType
-
     from core.execution.model.fp8_kernels import quantize_activations
 
     if weight_scale_inv.shape[1] % 4:  # torch wants the K blocks' scales in fours (TP 4 and 8 shards)
@@ -97,11 +95,20 @@ def scaled_mm_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torc
     rows = -(-m // SCALED_MM_ROW_MULTIPLE) * SCALED_MM_ROW_MULTIPLE
     # x_q [rows, K]; scales [rows, K/128] with stride (1, rows); padded rows are zeros.
     x_q, x_scales = quantize_activations(x, column_major_scales=True, rows=rows, silu_mul=gated)
-    # weight.t() is [K, N] column-major; weight_scale_inv.t() is [K/128, N/128] with stride (1, K/128).
-    out = F.scaled_mm(x_q, weight.t(), x_scales, ScalingType.BlockWise1x128, weight_scale_inv.t(),
-                      ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
-                      swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=x.dtype)
+    out = scaled_mm_product(x_q, x_scales, weight, weight_scale_inv, x.dtype)
     return out if rows == m else out[:m]
+
+
+def scaled_mm_product(x_q: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
+                      weight_scale_inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """cuBLAS's block-scaled GEMM of rows quantized in scaled_mm's layout (a multiple of 16 rows,
+    column-major scales) -> [rows, N]."""
+    from torch.nn.functional import ScalingType, SwizzleType
+
+    # weight.t() is [K, N] column-major; weight_scale_inv.t() is [K/128, N/128] with stride (1, K/128).
+    return F.scaled_mm(x_q, weight.t(), x_scales, ScalingType.BlockWise1x128, weight_scale_inv.t(),
+                       ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
+                       swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=out_dtype)
 
 
 def row_gemv_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
