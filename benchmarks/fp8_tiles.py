@@ -112,9 +112,11 @@ def candidates(m: int, x: torch.Tensor, bf16: list[torch.Tensor],
         calls["row gemv"] = lambda i: fp8_row_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16)
         for rows, chunk, warps in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8)):
             if m == 1:
-                tiles = RowGemvTiles(rows, chunk, warps)
-                calls[f"row gemv r{rows} c{chunk} w{warps}"] = lambda i, tiles=tiles: fp8_row_gemv(
-                    *quantize_activations(x), *fp8[i], torch.bfloat16, tiles)
+                for fold in (False, True):  # x's columns scaled first: fewer instructions a weight byte
+                    tiles = RowGemvTiles(rows, chunk, warps, fold_scales=fold)
+                    calls[f"row gemv{' fold' if fold else ''} r{rows} c{chunk} w{warps}"] = (
+                        lambda i, tiles=tiles: fp8_row_gemv(*quantize_activations(x), *fp8[i], torch.bfloat16,
+                                                            tiles))
         # Several tokens a program, each weight row read once for them all.
         for tokens, rows, chunk, warps in itertools.product((2, 4, 8), (2, 4), (1024, 2048), (4, 8)):
             if m > 1 and tokens <= 1 << (m - 1).bit_length():

@@ -59,7 +59,9 @@ def test_row_gemv_equals_the_reference(m, n, k):
 
 @pytest.mark.parametrize("tiles", [RowGemvTiles(1, 128, 4), RowGemvTiles(2, 256, 4), RowGemvTiles(8, 512, 8),
                                    RowGemvTiles(128, 128, 4), RowGemvTiles(2, 256, 4, tokens=2),
-                                   RowGemvTiles(4, 512, 4, tokens=4)], ids=str)
+                                   RowGemvTiles(4, 512, 4, tokens=4),
+                                   RowGemvTiles(2, 256, 4, fold_scales=True),
+                                   RowGemvTiles(8, 512, 4, fold_scales=True)], ids=str)
 def test_every_tile_shape_gives_the_reference(tiles):
     x, weight, scale_inv = decode_inputs(3, 200, 1000, seed=tiles.rows + tiles.chunk)
     out = row_gemv(x, weight, scale_inv, torch.float32, tiles)
@@ -91,6 +93,12 @@ def test_a_row_alone_computes_as_in_a_step_of_several(m):
     assert torch.equal(together, one_a_program)
     for row in range(m):
         assert torch.equal(row_gemv(x[row:row + 1], weight, scale_inv, torch.float32), together[row:row + 1])
+
+
+def test_scales_are_folded_into_one_token_a_program_only():
+    x, weight, scale_inv = decode_inputs(2, 128, 256, seed=2)
+    with pytest.raises(AssertionError, match="one token's x"):
+        row_gemv(x, weight, scale_inv, torch.float32, RowGemvTiles(2, 256, 4, tokens=2, fold_scales=True))
 
 
 def test_the_row_gemv_is_for_a_few_rows():
