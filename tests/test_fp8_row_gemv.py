@@ -57,7 +57,7 @@ def test_row_gemv_equals_the_reference(m, n, k):
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
 
 
-@pytest.mark.parametrize("tiles", [RowGemvTiles(1, 128, 4), RowGemvTiles(2, 256, 4), RowGemvTiles(8, 512, 8),
+@pytest.mark.parametrize("tiles", [RowGemvTiles(1, 512, 4), RowGemvTiles(2, 256, 4), RowGemvTiles(8, 512, 8),
                                    RowGemvTiles(128, 128, 4), RowGemvTiles(2, 256, 4, tokens=2),
                                    RowGemvTiles(4, 512, 4, tokens=4),
                                    RowGemvTiles(2, 256, 4, fold_scales=True),
