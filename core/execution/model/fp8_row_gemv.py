@@ -83,7 +83,7 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, stride_xm, stri
     program's rows share one row of weight scales, so x's columns are scaled once for all of them;
     each thread keeps its columns' products apart across the pieces (one FMA a weight) and the sum
     across threads happens once, not once a group (compiled for sm_90 with triton 3.6, `python -m
-    benchmarks.row_gemv_sass`: 5.1 instructions a weight byte at 4 rows and 1,024-column pieces
+    benchmarks.decode_sass`: 5.1 instructions a weight byte at 4 rows and 1,024-column pieces
     against 6.5, 4.3 at 8 rows against 5.6; 7.1 against 7.4 with the default tiles)."""
     GROUPS: tl.constexpr = CHUNK // GROUP
     if PDL:  # core/execution/dependent_launch.py: the first piece's weight loads go out before the wait
