@@ -52,7 +52,7 @@ class RowGemvTiles(NamedTuple):
     # power of two. Each token's arithmetic is the same whatever `tokens` is.
     tokens: int = 1
     # One token a program: multiply each column of x by its group's two scales first (once a program),
-    # keep per-column sums across the pieces and add them up once at the end, instead of summing each
+    # keep a thread's sums across the pieces and add them up once at the end, instead of summing each
     # 128-column group across the program's threads and scaling the sum (fewer instructions a weight
     # byte, see `_row_gemv_kernel`; the same products added in another order).
     fold_scales: bool = False
@@ -81,11 +81,13 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, stride_xm, stri
     computes alike whatever else shares its step.
     FOLD (one token): c[n] = sum_k w[n, k] * (x_q[k] * (x_scale[g(k)] * w_scale[n/128, g(k)])): the
     program's rows share one row of weight scales, so x's columns are scaled once for all of them;
-    each thread keeps its columns' products apart across the pieces (one FMA a weight) and the sum
-    across threads happens once, not once a group (compiled for sm_90 with triton 3.6, `python -m
-    benchmarks.decode_sass`: 5.1 instructions a weight byte at 4 rows and 1,024-column pieces
-    against 6.5, 4.3 at 8 rows against 5.6; 7.1 against 7.4 with the default tiles)."""
+    each thread sums its 16-column vectors in place and keeps those sums apart across the pieces, and
+    the sum across threads happens once, not once a group (compiled for sm_90 with triton 3.6,
+    `python -m benchmarks.decode_sass`: 5.4 instructions a weight byte at 4 rows and 1,024-column
+    pieces against 6.5, 4.5 at 8 rows against 5.6, 6.8 against 7.4 with the default tiles; 56-79
+    registers a thread at K=5,120 against 37)."""
     GROUPS: tl.constexpr = CHUNK // GROUP
+    VECTOR: tl.constexpr = 16
     if PDL:  # core/execution/dependent_launch.py: the first piece's weight loads go out before the wait
         gdc_launch_dependents()
     first_token = tl.program_id(0) * TOKENS
@@ -95,7 +97,7 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, stride_xm, stri
     ws_row = ws_ptr + ((block * ROWS) // GROUP) * stride_wsn
     acc = tl.zeros((TOKENS, ROWS), dtype=tl.float32)
     if FOLD:
-        columns_acc = tl.zeros((1, ROWS, GROUPS, GROUP), dtype=tl.float32)
+        columns_acc = tl.zeros((1, ROWS, GROUPS, GROUP // VECTOR), dtype=tl.float32)
     for first in tl.static_range(0, K, CHUNK):
         cols = first + tl.arange(0, CHUNK)
         groups = first // GROUP + tl.arange(0, GROUPS)
@@ -131,7 +133,11 @@ def _row_gemv_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, c_ptr, M, N, stride_xm, stri
             x4 = tl.reshape(x.to(tl.float32), (1, 1, GROUPS, GROUP))
             scales = x_scale * w_scale[None, :]  # [1, GROUPS]
             if FOLD:
-                columns_acc += w4 * (x4 * tl.reshape(scales, (1, 1, GROUPS, 1)))
+                # A thread's 16 adjacent columns (one 16-byte load) are summed where they lie: no
+                # shuffle, and a sixteenth of the registers a sum per column would hold.
+                products = w4 * (x4 * tl.reshape(scales, (1, 1, GROUPS, 1)))
+                vectors = tl.reshape(products, (1, ROWS, GROUPS, GROUP // VECTOR, VECTOR))
+                columns_acc += tl.sum(vectors, axis=4)
             else:
                 sums = tl.sum(w4 * x4, axis=3)  # [1, ROWS, GROUPS]
                 part = tl.sum(sums * scales[:, None, :], axis=2)  # [1, ROWS]
