@@ -226,7 +226,7 @@ def test_a_malformed_fault_drill_is_refused_with_the_field(text, message):
      r"the drill killed nothing: the load ended after .* before --kill-after 120"),
 ], ids=["no-such-process", "load-ended-first"])
 def test_a_fault_drill_that_kills_nothing_fails_naming_why(tmp_path, kill, kill_after, message):
-    """A drill whose kill never happened reports no fault survived: it ends with the reason instead."""
+    """A drill whose kill never happened does not report a fault survived: it ends with the reason."""
     from benchmarks import fault_drill
 
     argv = ["--serve=--model qwen3-tiny --device cpu --max-model-len 256", "--kill", kill,
