@@ -15,8 +15,10 @@ import statistics
 
 import torch
 
+from benchmarks.lib.fp8_gemm_cases import QWEN3_14B_LINEARS
+
 # (N, K) of each product of a Qwen3-14B layer, TP 1.
-SHAPES = {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (34816, 5120), "down": (5120, 17408)}
+SHAPES = {layer: (n, k) for layer, n, k in QWEN3_14B_LINEARS}
 
 
 def main() -> None:
