@@ -77,20 +77,22 @@ def test_half_precision_output_is_the_float32_result_rounded_once():
 
 
 def test_default_tiles_are_the_measured_ones():
-    assert row_gemv_tiles(1, 7168, 5120) == RowGemvTiles(rows=2, chunk=2048, num_warps=4, tokens=1)
-    assert row_gemv_tiles(1, 5120, 17408) == RowGemvTiles(rows=2, chunk=2048, num_warps=4, tokens=1)
-    assert row_gemv_tiles(1, 64, 100) == RowGemvTiles(rows=2, chunk=128, num_warps=4, tokens=1)
-    assert [row_gemv_tiles(m, 5120, 5120).tokens for m in (2, 3, 4, 8)] == [2, 4, 4, 4]
+    folded = RowGemvTiles(rows=4, chunk=2048, num_warps=4, tokens=1, fold_scales=True)
+    assert row_gemv_tiles(1, 7168, 5120) == folded
+    assert row_gemv_tiles(1, 5120, 17408) == folded
+    assert row_gemv_tiles(1, 64, 100) == folded._replace(chunk=128)
+    assert {row_gemv_tiles(m, 5120, 5120) for m in (2, 3, 4, 8, 16)} == {folded}
 
 
 @pytest.mark.parametrize("m", [2, 3, 4, 5])
 def test_a_row_alone_computes_as_in_a_step_of_several(m):
-    """Alone (one token a program) and in a step of m (the default's tokens a program, which read
+    """Alone and in a step of m, with the default tiles or several tokens a program (which read
     their weight rows once), a row gets the same bits."""
     x, weight, scale_inv = decode_inputs(m, 256, 1000, seed=m)
     together = row_gemv(x, weight, scale_inv, torch.float32)
     one_a_program = row_gemv(x, weight, scale_inv, torch.float32, RowGemvTiles(2, 1024, 4, tokens=1))
-    assert torch.equal(together, one_a_program)
+    four_a_program = row_gemv(x, weight, scale_inv, torch.float32, RowGemvTiles(2, 1024, 4, tokens=4))
+    assert torch.equal(four_a_program, one_a_program)
     for row in range(m):
         assert torch.equal(row_gemv(x[row:row + 1], weight, scale_inv, torch.float32), together[row:row + 1])
 

@@ -38,7 +38,7 @@ import triton.language as tl
 from core.execution.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait, launch_options
 from core.execution.model.fp8_format import BLOCK
 
-# Measured on an H100, a layer of Qwen3-14B takes 132 us at one row against cuBLAS's 164, but 175
+# Measured on an H100, a layer of Qwen3-14B takes 119 us at one row against cuBLAS's 164, but 175
 # against 164 at two rows and 290 against 164 at four, one token a program or several (the module
 # docstring). So the row GEMV serves steps of one row.
 ROW_GEMV_MAX_M = 1
@@ -59,13 +59,16 @@ class RowGemvTiles(NamedTuple):
 
 
 def row_gemv_tiles(m: int, n: int, k: int) -> RowGemvTiles:
-    """2 rows a program, 2,048 columns a piece, 4 warps: the best at one row on all four Qwen3-14B
-    products on an H100 (`python -m benchmarks.fp8_tiles`; 1, 4 and 8 rows, 512 and 1,024 columns
-    and 8 warps were as fast or slower). Up to 4 of a step's tokens a program (at two and four rows
-    within a few percent of the best token grouping measured, all slower than cuBLAS)."""
-    tokens = min(4, triton.next_power_of_2(max(m, 1)))
-    return RowGemvTiles(rows=2, chunk=min(2048, triton.next_power_of_2(max(k, BLOCK))), num_warps=4,
-                        tokens=tokens)
+    """Scales folded, 4 rows a program, 2,048 columns a piece, 4 warps, one token a program. On an
+    H100 the fastest single choice at one row over the four Qwen3-14B products (`python -m
+    benchmarks.fp8_tiles --batches 1 --only 'row gemv'`, docs/reports/h100/fp8/row_gemv_folded/):
+    119.4 us a layer against 125.0 for the unfolded 2 rows a program served before (qkv 15.0 against
+    16.8, o 12.0 against 12.5, gate_up 60.8 against 62.8, down 31.6 against 32.9); o_proj alone is
+    1.2 us faster at 8 rows, down_proj 1.9 us slower. One token a program at every row count, so a
+    row gets the same bits alone as in a step of several (several tokens a program measured no
+    faster, the module docstring; steps of more than one row are served by cuBLAS anyway)."""
+    return RowGemvTiles(rows=4, chunk=min(2048, triton.next_power_of_2(max(k, BLOCK))), num_warps=4,
+                        fold_scales=True)
 
 
 # Token groups are the grid's fastest axis, so a step's groups read the same weight rows together (the
