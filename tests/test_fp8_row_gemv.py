@@ -63,7 +63,8 @@ def test_row_gemv_equals_the_reference(m, n, k):
                                    RowGemvTiles(2, 256, 4, fold_scales=True),
                                    RowGemvTiles(8, 512, 4, fold_scales=True)], ids=str)
 def test_every_tile_shape_gives_the_reference(tiles):
-    x, weight, scale_inv = decode_inputs(3, 200, 1000, seed=tiles.rows + tiles.chunk)
+    # K = 520: the last piece ragged at every chunk; N = 136: the 128-row tile's second program ragged
+    x, weight, scale_inv = decode_inputs(3, 136, 520, seed=tiles.rows + tiles.chunk)
     out = row_gemv(x, weight, scale_inv, torch.float32, tiles)
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
 
@@ -84,11 +85,11 @@ def test_default_tiles_are_the_measured_ones():
     assert {row_gemv_tiles(m, 5120, 5120) for m in (2, 3, 4, 8, 16)} == {folded}
 
 
-@pytest.mark.parametrize("m", [2, 3, 4, 5])
+@pytest.mark.parametrize("m", [3, 5])  # within one group of 4 tokens, and across two
 def test_a_row_alone_computes_as_in_a_step_of_several(m):
     """Alone and in a step of m, with the default tiles or several tokens a program (which read
     their weight rows once), a row gets the same bits."""
-    x, weight, scale_inv = decode_inputs(m, 256, 1000, seed=m)
+    x, weight, scale_inv = decode_inputs(m, 128, 1000, seed=m)
     together = row_gemv(x, weight, scale_inv, torch.float32)
     one_a_program = row_gemv(x, weight, scale_inv, torch.float32, RowGemvTiles(2, 1024, 4, tokens=1))
     four_a_program = row_gemv(x, weight, scale_inv, torch.float32, RowGemvTiles(2, 1024, 4, tokens=4))
