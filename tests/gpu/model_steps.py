@@ -3,6 +3,8 @@ GPU tests compare with a switch on and off (dependent launch, the L2 prefetch)."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from plans import Chunk, make_plan
@@ -36,3 +38,24 @@ def step_logits(runner: ModelRunner, batch: int, seed: int) -> list[torch.Tensor
                                 for n, pg in zip(lengths, pages)], BLOCK_SIZE, step_id=step))
     assert runner.graphs is not None and all(runner.graphs.can_run(p) for p in plans[1:])
     return [runner.forward_logits(plan)[0].clone() for plan in plans]
+
+
+def assert_same_logits_on_and_off(monkeypatch, variable: str, is_on: Callable[[], bool],
+                                  reread: Callable[[], None], quantization: str | None) -> None:
+    """With the environment `variable` "1" then "0" (`reread` makes its module read it again, `is_on`
+    says what it now reads), a fresh runner each, the steps of `step_logits` at batches 1 and 4 give
+    the same logits bit for bit."""
+    results = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv(variable, setting)
+        reread()
+        assert is_on() == (setting == "1"), f"{variable}={setting} not taken"
+        runner = fourteen_b_runner(quantization)
+        results[setting] = [step_logits(runner, batch, seed=batch) for batch in (1, 4)]
+        del runner
+        torch.cuda.empty_cache()
+    monkeypatch.delenv(variable)
+    reread()
+    for batch, on, off in zip((1, 4), results["1"], results["0"]):
+        for step, (a, b) in enumerate(zip(on, off)):
+            assert torch.equal(a, b), f"batch {batch}, step {step}: logits differ with {variable} 1 and 0"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_steps import fourteen_b_runner, step_logits
+from model_steps import assert_same_logits_on_and_off
 
 from core.execution.model import l2_prefetch
 
@@ -30,16 +30,7 @@ def test_a_prefetch_is_issued_for_an_fp8_weight_and_not_for_one_larger_than_its_
 
 def test_logits_are_the_same_with_and_without_the_prefetch(monkeypatch):
     _sm90()
-    results = {}
-    for setting in ("1", "0"):
-        monkeypatch.setenv("CADENCE_L2_PREFETCH", setting)
-        l2_prefetch.reread_environment()
-        assert l2_prefetch.l2_prefetch_enabled(torch.device("cuda")) == (setting == "1")
-        runner = fourteen_b_runner("fp8")
-        results[setting] = [step_logits(runner, batch, seed=batch) for batch in (1, 4)]
-        del runner
-        torch.cuda.empty_cache()
-    l2_prefetch.reread_environment()
-    for batch, on, off in zip((1, 4), results["1"], results["0"]):
-        for step, (a, b) in enumerate(zip(on, off)):
-            assert torch.equal(a, b), f"batch {batch}, step {step}: prefetch on and off differ"
+    cuda = torch.device("cuda")
+    assert_same_logits_on_and_off(monkeypatch, "CADENCE_L2_PREFETCH",
+                                  lambda: l2_prefetch.l2_prefetch_enabled(cuda),
+                                  l2_prefetch.reread_environment, "fp8")
