@@ -88,10 +88,13 @@ def _agree(ctx: CellContext, jobs: list[Job], results: dict[str, Generation], ag
 def preemption_pool(workload: Workload) -> int:
     """A pool that holds the largest job of the preemption cell but about a third of them all. The
     structured-output jobs are left out of the count: their grammars end them long before their
-    max_tokens, so their pages at max_tokens would size the pool past what the jobs hold."""
-    jobs = [job for job in layout_jobs(workload, exclude_longest=True) if not job.params.structured_output]
-    pages = [num_pages_of(job, workload.shape.block_size) for job in jobs]
-    return max(max(pages) + 1, sum(pages) // 3)
+    max_tokens, so their pages at max_tokens would size the pool past what the jobs hold. The pool
+    still admits each of them (a request is refused whose prompt and max_tokens exceed it)."""
+    bs = workload.shape.block_size
+    jobs = layout_jobs(workload, exclude_longest=True)
+    pages = [num_pages_of(job, bs) for job in jobs if not job.params.structured_output]
+    admitted = max(num_pages_of(job, bs) for job in jobs)
+    return max(max(pages) + 1, admitted, sum(pages) // 3)
 
 
 # --- the prefix cache -------------------------------------------------------------------------------
