@@ -1,5 +1,5 @@
 """The 14B shape cut to two layers, and a prefill then eight decode steps of it: the model steps the
-GPU tests compare with a switch on and off (dependent launch, the L2 prefetch)."""
+GPU tests compare with a switch on and off (dependent launch)."""
 
 from __future__ import annotations
 

@@ -93,10 +93,6 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.linear_method.apply(self, x))
 
-    def prefetch(self, rows: int) -> None:
-        """Ask for the weight in L2 ahead of a `rows`-row forward a few kernels later (linear_method.py)."""
-        self.linear_method.prefetch(self, rows)
-
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """forward(SiLU(gate) * up) of gate_up [T, 2 * in_features / tp] (gate first)."""
         return self.tp.all_reduce(self.linear_method.apply_gated(self, gate_up))

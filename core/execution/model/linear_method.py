@@ -19,7 +19,6 @@ from torch import nn
 from core.config import ModelConfig
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fused import silu_mul
-from core.execution.model.l2_prefetch import PREFETCH_MAX_ROWS, prefetch_l2
 from core.execution.registry import registered_class
 from core.registry import LINEAR_METHODS
 
@@ -61,13 +60,6 @@ class LinearMethod(ABC):
         down projection. A method may fold the activation into what it does to its input anyway
         (FP8 quantizes it)."""
         return self.apply(layer, silu_mul(gate_up))
-
-    def prefetch(self, layer: nn.Module, rows: int) -> None:
-        """Start bringing this rank's weight into L2 for a product of `rows` rows a few kernels later
-        (l2_prefetch.py: only where it is on, and for a small step, whose product reads its weight
-        at about the time the read takes)."""
-        if rows <= PREFETCH_MAX_ROWS:
-            prefetch_l2(layer.weight)
 
 
 def linear_method_for(config: ModelConfig) -> LinearMethod:

@@ -59,7 +59,6 @@ class Qwen3Attention(nn.Module):
                 kv_cache: KVCache, backend: AttentionBackend, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        self.o_proj.prefetch(num_tokens)  # read while attention leaves HBM idle (l2_prefetch.py)
         # [T, heads, head_dim]; Qwen3 normalises q and k per head before RoPE.
         q, k = qk_norm_rope(q.reshape(num_tokens, self.num_heads, self.head_dim),
                             k.reshape(num_tokens, self.num_kv_heads, self.head_dim),
