@@ -22,6 +22,8 @@ import pytest
 
 CHILD_TEST = "test_kernels_in_a_fresh_interpreter"
 CONCURRENT_CHILDREN = 2
+# A child's torch threads (tests/conftest.py): one, with CONCURRENT_CHILDREN sharing two cores.
+TORCH_THREADS_ENV = "CADENCE_TEST_TORCH_THREADS"
 CHILD_TIMEOUT_S = 600
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,7 +46,8 @@ def skip_unless_interpreted(request: pytest.FixtureRequest, interpreted: bool) -
 
 def _run_child(test_file: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider"],
-                          cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
+                          cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", TORCH_THREADS_ENV: "1",
+                                             "OMP_NUM_THREADS": "1"}, capture_output=True,
                           text=True, timeout=CHILD_TIMEOUT_S)
 
 
