@@ -1,6 +1,7 @@
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import triton_interpreter
 
@@ -9,6 +10,7 @@ import triton_interpreter
 torch.set_num_threads(int(os.environ.get(triton_interpreter.TORCH_THREADS_ENV, "2")))
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs: only the selected children start
 def pytest_collection_modifyitems(session, config, items):
     """The Triton interpreter's children first, so that they run two at a time with nothing else
     competing for the cores (tests/triton_interpreter.py)."""
