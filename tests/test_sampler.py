@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from core.execution.sampler import Sampler, SamplingTensors, apply_penalties
-from core.execution.sampling_noise import _fmix32, _mul32, exponential_noise
+from core.execution.sampling_noise import _fmix32, _mul32, _noise_at_int64, exponential_noise, noise_at, noise_keys
 from core.plan import StepPlan
 from core.sampling_params import sampling_rows
 
@@ -165,6 +165,22 @@ def test_noise_hash_matches_32bit_reference_arithmetic():
     x = torch.tensor(values, dtype=torch.int64)
     assert _mul32(x, 0xC2B2AE35).tolist() == [(v * 0xC2B2AE35) & 0xFFFFFFFF for v in values]
     assert _fmix32(x).tolist() == [fmix32_reference(v) for v in values]
+
+
+@pytest.mark.parametrize("shape", ["whole rows", "candidates", "one row"])
+def test_the_cpu_noise_has_the_bits_of_the_int64_definition(shape):
+    """The CPU computes the noise in uint32 numpy arithmetic; every value equals the int64 torch ops'
+    (which the GPU runs) bit for bit, for whole rows (one row of ids for every draw) and gathered ids."""
+    seed = np.array([0, -1, 2**63 - 1, -(2**63), 1 << 32, 12345], dtype=np.int64)
+    keys = torch.from_numpy(noise_keys(seed, np.array([0, 2**31 - 1, 5, 0, 7, 3])))
+    vocab = 151936
+    if shape == "whole rows":
+        ids = torch.arange(vocab).expand(len(seed), -1)
+    elif shape == "candidates":
+        ids = torch.randint(0, vocab, (len(seed), 64), generator=torch.Generator().manual_seed(2))
+    else:
+        keys, ids = keys[:, :1], torch.arange(vocab)[None, :]
+    assert torch.equal(noise_at(keys, ids), _noise_at_int64(keys, ids))
 
 
 def test_noise_is_finite_and_positive_for_extreme_seeds():
