@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from core.execution.sampler import Sampler, SamplingTensors, apply_penalties
-from core.execution.sampling_noise import _fmix32, _mul32, _noise_at_int64, exponential_noise, noise_at, noise_keys
+from core.execution.sampling_noise import (
+    _fmix32,
+    _mul32,
+    _noise_at_int64,
+    exponential_noise,
+    noise_at,
+    noise_keys,
+)
 from core.plan import StepPlan
 from core.sampling_params import sampling_rows
 
