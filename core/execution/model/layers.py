@@ -151,12 +151,13 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Vocabulary-parallel output projection; logits are gathered on TP rank 0 only."""
 
     def store_for_its_device(self) -> None:
-        """On the CPU, keep the weight's values hidden-major (a [hidden, vocab] tensor seen through its
-        transpose). oneMKL multiplies one or two rows by it 2-3x faster than by the [vocab, hidden] rows a
-        checkpoint stores (151,936 x 128 float32 on one thread: 1 row 8.4 -> 3.6 ms, 2 rows 16.9 -> 5.5,
-        8 rows 15.4 -> 13.1), and the logits are most of a small model's CPU step. A tied embedding
-        shares the view; its row gathers stay cheap (300 ids: 0.16 ms). GPUs keep the checkpoint's layout."""
-        if self.weight.device.type == "cpu":
+        """A float32 weight on the CPU keeps its values hidden-major (a [hidden, vocab] tensor seen
+        through its transpose). oneMKL multiplies one or two rows by it 2-3x faster than by the
+        [vocab, hidden] rows a checkpoint stores (151,936 x 128 on one thread: 1 row 8.4 -> 3.6 ms, 2
+        rows 16.9 -> 5.5, 8 rows 15.4 -> 13.1), and the logits are most of a small model's CPU step. A
+        tied embedding shares the view; its row gathers stay cheap (300 ids: 0.16 ms). bf16 and fp16
+        multiply 2-2.5x slower that way, and GPUs gain nothing: they keep the checkpoint's layout."""
+        if self.weight.device.type == "cpu" and self.weight.dtype == torch.float32:
             self.weight.data = self.weight.data.t().contiguous().t()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
