@@ -192,8 +192,8 @@ class Launcher:
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(timeout=5)
         timeout = self.options.shutdown_timeout_s
-        if self.tokenizer is not None:
-            _stop(self.tokenizer, timeout)
+        if self.tokenizer is not None:  # no message stops it: SIGTERM at once, its loop unwinds
+            _stop(self.tokenizer, timeout, grace_s=0.0)
         relayed = False  # whether a live scheduler sent its executors Stop on the way out
         if self.scheduler is not None and self.scheduler.process.is_alive() and self.endpoints:
             with contextlib.suppress(Exception), PushChannel.connect(
@@ -311,12 +311,13 @@ def _end_peers(peers: list[Child], grace_s: float) -> None:
             peer.process.kill()
 
 
-def _stop(child: Child, timeout_s: float) -> None:
-    """Join, then SIGTERM, then SIGKILL: no child outlives the launcher."""
+def _stop(child: Child, timeout_s: float, grace_s: float = 0.5) -> None:
+    """Join (for up to `grace_s`: a child told to stop leaves by itself), then SIGTERM, then SIGKILL:
+    no child outlives the launcher."""
     process = child.process
     if process.pid is None:
         return
-    process.join(0 if not process.is_alive() else min(timeout_s, 0.5))
+    process.join(0 if not process.is_alive() else min(timeout_s, grace_s))
     if process.is_alive():
         process.terminate()
         with contextlib.suppress(ProcessLookupError):
