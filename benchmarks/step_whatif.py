@@ -21,6 +21,7 @@ kernel"). The logits are wrong; compare only `graph_ms` against a run of `base`.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 
@@ -31,9 +32,6 @@ def _replace(owner: object, name: str, value: object) -> None:
         where = getattr(owner, "__name__", owner)
         raise AttributeError(f"{where} has no {name}: update benchmarks/step_whatif.py")
     setattr(owner, name, value)
-
-
-VARIANTS = ("base", "no_quant", "no_norm", "no_qknorm", "no_attn", "no_kvwrite", "one_split", "no_small")
 
 
 def _remove_quantization() -> None:
@@ -119,13 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     split = argv.index("--") if "--" in argv else len(argv)
     ours, profile_args = argv[:split], argv[split + 1:]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("variant", choices=VARIANTS)
+    parser.add_argument("variant", choices=list(PATCHES))
     parser.add_argument("--out", required=True, help="step_profile's JSON")
     args = parser.parse_args(ours)
     apply(args.variant)
-    import json
-
-    from benchmarks import step_profile
+    from benchmarks import step_profile  # after the patches: it builds the model
 
     sys.argv = ["step_profile", *profile_args, "--out", args.out]
     step_profile.main()
