@@ -8,6 +8,7 @@ later from a SIGALRM instead, and a repeated SIGTERM does not interrupt the clea
 also ask the kernel for a signal when the launcher dies, so no child outlives a crashed launcher:
 PARENT_DIED_SIGNAL, which stops them as SIGTERM does and lets `launcher_died` tell that nobody is
 left to clean the run up (SIGTERM itself comes from the launcher's shutdown, or from an operator).
+Last, a child whose actor closed exits without the interpreter's teardown (`exit_after_cleanup`).
 """
 
 from __future__ import annotations
@@ -66,13 +67,11 @@ class Actor(Protocol):
     def close(self) -> None: ...
 
 
-def run_actor(ready_conn: Connection, ready: Ready, log: logging.Logger, start: Callable[[], Actor],
-              skip_teardown: bool = False) -> None:
+def run_actor(ready_conn: Connection, ready: Ready, log: logging.Logger, start: Callable[[], Actor]) -> None:
     """Start the child's actor and report READY (or the startup error, then exit 1), run its loop
-    until it returns or SIGTERM arrives, and close it. `ready` names the child; an actor with a
-    `num_pages` attribute (an executor) reports its KV pages. With `skip_teardown` a child whose
-    close() returned leaves at once (`exit_after_cleanup`) instead of through the interpreter's
-    teardown."""
+    until it returns or SIGTERM arrives, close it, and exit 0 at once (`exit_after_cleanup`); a loop
+    that raised exits through its traceback instead. `ready` names the child; an actor with a
+    `num_pages` attribute (an executor) reports its KV pages."""
     try:
         actor = start()
     except Stopping:
@@ -88,16 +87,16 @@ def run_actor(ready_conn: Connection, ready: Ready, log: logging.Logger, start: 
         pass
     finally:
         actor.close()
-    if skip_teardown:
-        exit_after_cleanup()
+    exit_after_cleanup()
 
 
 def exit_after_cleanup() -> None:
     """Exit 0 without the interpreter's teardown, once the actor's own cleanup has run. An executor
     spends ~0.65 s there freeing torch's modules and tensors one by one (the lm_head's munmap alone
-    is 0.1 s), time the launcher's stop waits for, where the kernel reclaims the same memory at exit
-    in one go. What teardown would still have done is done here: the messages queued on ZeroMQ sockets
-    leave within their linger, and the logs are flushed."""
+    is 0.1 s) and the tokenizer ~0.2 s its vocabulary's objects, time the launcher's stop waits for,
+    where the kernel reclaims the same memory at exit in one go. What teardown would still have done
+    is done here: the messages queued on ZeroMQ sockets leave within their linger, and the logs are
+    flushed."""
     import zmq
 
     # The channels are closed and their queued messages leave within their LINGER; a socket left

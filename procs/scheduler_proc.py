@@ -76,7 +76,7 @@ def run_scheduler(spec_bytes: bytes, ready_conn: Connection) -> None:
             raise
         return process
 
-    run_actor(ready_conn, Ready("scheduler", os.getpid()), log, start, skip_teardown=True)
+    run_actor(ready_conn, Ready("scheduler", os.getpid()), log, start)
 
 
 class SchedulerProcess:

@@ -1,6 +1,7 @@
-"""A child whose actor closed leaves without the interpreter's teardown (`run_actor(...,
-skip_teardown=True)`): exit code 0, what its close() queued on a socket still delivered, no atexit
-handler run, and a socket left open does not hold it. Each case runs in a fresh interpreter."""
+"""A child whose actor closed leaves without the interpreter's teardown (`procs/child.py`
+`run_actor`, `exit_after_cleanup`): exit code 0, what its close() queued on a socket still
+delivered, no atexit handler run, and a socket left open does not hold it. The case runs in a fresh
+interpreter."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ CHILD = textwrap.dedent("""
             self.forgotten.send(b"nobody listens", zmq.NOBLOCK)
 
     _, ready_w = multiprocessing.Pipe(duplex=False)
-    run_actor(ready_w, Ready("executor", 0), logging.getLogger("child"), Actor, skip_teardown=True)
+    run_actor(ready_w, Ready("executor", 0), logging.getLogger("child"), Actor)
     print("returned from run_actor", flush=True)
 """)
 
