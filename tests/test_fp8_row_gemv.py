@@ -63,8 +63,11 @@ def test_row_gemv_equals_the_reference(m, n, k):
                                    RowGemvTiles(2, 256, 4, fold_scales=True),
                                    RowGemvTiles(8, 512, 4, fold_scales=True)], ids=str)
 def test_every_tile_shape_gives_the_reference(tiles):
-    # K = 520: the last piece ragged at every chunk; N = 136: the 128-row tile's second program ragged
-    x, weight, scale_inv = decode_inputs(3, 136, 520, seed=tiles.rows + tiles.chunk)
+    # K = 520: the last piece ragged at every chunk. N: five programs' rows and one more, so the last
+    # program is ragged (136 for the 128-row tile), and no more programs than that: the interpreter
+    # runs each one in turn.
+    n = 5 * tiles.rows + 1 if tiles.rows < 128 else 136
+    x, weight, scale_inv = decode_inputs(3, n, 520, seed=tiles.rows + tiles.chunk)
     out = row_gemv(x, weight, scale_inv, torch.float32, tiles)
     assert relative_error(out, reference_matmul(x, weight, scale_inv)) <= GEMM_RELATIVE_TOLERANCE
 

@@ -224,6 +224,9 @@ def test_rank_file_errors_name_the_file_and_line(tmp_path):
     bad.write_bytes(b"IQ== 0\nnot-a-pair\n")
     with pytest.raises(TokenizerError, match=rf"{bad}:2"):
         load_bpe_ranks(bad)
+    bad.write_bytes(b"IQ== 0\n\nIg== 1\nI*== 2\n")  # not base64 on line 4, after an empty line
+    with pytest.raises(TokenizerError, match=rf"{bad}:4 is not a 'base64 rank' pair: b'I\*== 2'"):
+        load_bpe_ranks(bad)
     with pytest.raises(TokenizerError, match="cannot read"):
         load_bpe_ranks(tmp_path / "missing.tiktoken")
 
