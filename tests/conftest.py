@@ -1,26 +1,38 @@
 import os
 from pathlib import Path
 
+import background_children
 import pytest
 import torch
 import triton_interpreter
 
-# Two cores run the whole suite; more threads only thrash. A Triton interpreter child, one of two
-# running at once, gets one (tests/triton_interpreter.py).
-torch.set_num_threads(int(os.environ.get(triton_interpreter.TORCH_THREADS_ENV, "2")))
+# Two cores run the whole suite; more threads only thrash. A background child, one of two running
+# at once, gets one (tests/background_children.py).
+torch.set_num_threads(int(os.environ.get(background_children.TORCH_THREADS_ENV, "2")))
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs: only the selected children start
 def pytest_collection_modifyitems(session, config, items):
-    """The Triton interpreter's children start now, in the background at the lowest CPU priority,
-    and their tests run last, when most of them are done (tests/triton_interpreter.py)."""
-    children = [item for item in items if item.name == triton_interpreter.CHILD_TEST]
+    """The background children start now, at the lowest CPU priority, and their tests run last,
+    when most of them are done (tests/background_children.py)."""
+    children = [item for item in items if item.name in background_children.CHILD_TESTS]
     if not config.option.collectonly:
-        # A module whose kernels this process interprets runs them itself (its CHILD_TEST skips).
-        triton_interpreter.start_children([Path(item.path).resolve() for item in children
-                                           if not item.module.INTERPRETED])
-    items[:] = [item for item in items if item.name != triton_interpreter.CHILD_TEST] + children
+        background_children.start_children({Path(item.path).resolve(): _child_env(item) for item in children
+                                            if not _runs_here(item)})
+    items[:] = [item for item in items if item.name not in background_children.CHILD_TESTS] + children
+
+
+def _runs_here(item) -> bool:
+    """A module whose kernels this process interprets, or this process being the child, runs the
+    module's tests itself (its child test skips)."""
+    if item.name == triton_interpreter.CHILD_TEST:
+        return item.module.INTERPRETED
+    return background_children.in_child()
+
+
+def _child_env(item) -> dict[str, str]:
+    return triton_interpreter.CHILD_ENV if item.name == triton_interpreter.CHILD_TEST else {}
 
 
 def pytest_sessionfinish(session, exitstatus):
-    triton_interpreter.stop_children()
+    background_children.stop_children()

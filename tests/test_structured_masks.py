@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from background_children import in_child, run_in_background_child, skip_in_parent
 from test_sampler import make_plan
 from test_structured_ebnf import JSON_GRAMMAR, SQL
 
@@ -68,6 +69,18 @@ SPECS = [json_schema_spec(SCHEMA), json_object_spec(), json_object_spec(reasonin
          json_schema_spec(PATTERNED), regex_spec(r"(yes|no|maybe)(, [a-z]{1,6}){0,3}\."),
          compact_spec(json_schema_spec(SCHEMA)), grammar_spec(NESTED), grammar_spec(SQL),
          json_schema_spec(BOUNDED), json_schema_spec(FORMATTED)]
+
+
+@pytest.fixture(autouse=True)
+def _runs_in_a_background_child(request):
+    skip_in_parent(request)
+
+
+def test_module_in_a_background_child():
+    """The module is pure computation (~50 s on one core): it runs beside the system tests."""
+    if in_child():
+        pytest.skip("this is the child")
+    run_in_background_child(__file__)
 
 
 @pytest.fixture(scope="module")
