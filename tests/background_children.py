@@ -41,8 +41,9 @@ def in_child() -> bool:
 
 
 def skip_in_parent(request: pytest.FixtureRequest) -> None:
-    """For a PLAIN_CHILD_TEST module's autouse fixture: its tests run in the child only."""
-    if not in_child() and request.node.originalname not in CHILD_TESTS:
+    """For a PLAIN_CHILD_TEST module's autouse fixture: its tests skip here when the run started
+    the module's child (not when -k left its child test out: then they run here)."""
+    if request.node.originalname not in CHILD_TESTS and Path(request.node.path).resolve() in _children:
         pytest.skip("runs in a background child process (tests/background_children.py)")
 
 
