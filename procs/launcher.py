@@ -45,6 +45,7 @@ from ipc.shm_ring import cleanup_stale, ring_name, run_prefix
 from procs.args import add_engine_args, config_from_args, launch_options_from_args
 from procs.devices import GPUCountError, assign_devices
 from procs.executor_proc import run_executor
+from procs.executor_start import executor_context, process_args
 from procs.launch_options import LaunchOptions
 from procs.scheduler_proc import run_scheduler
 from procs.tokenizer_proc import run_tokenizer
@@ -130,7 +131,8 @@ class Launcher:
         config, options = self.config, self.options
         try:
             devices = assign_devices(config)
-        except GPUCountError as exc:
+            executor_ctx = executor_context()
+        except (GPUCountError, ValueError) as exc:
             raise LaunchError(str(exc)) from None
         cleanup_stale(run_prefix(self.run_id))
         root = Path(options.runtime_root) if options.runtime_root else default_runtime_root()
@@ -144,7 +146,8 @@ class Launcher:
         try:
             for replica in range(config.parallel.dp_size):
                 for spec in self._executor_specs(replica, devices):
-                    child = self._spawn(f"executor dp={replica} tp={spec.rank}", run_executor, spec)
+                    child = self._spawn(f"executor dp={replica} tp={spec.rank}", run_executor, spec,
+                                        executor_ctx)
                     child.replica, child.device = replica, spec.device
                     self.replicas[replica].executors.append(child)
             self.tokenizer = self._spawn("tokenizer", run_tokenizer, TokenizerSpec(
@@ -223,9 +226,14 @@ class Launcher:
             for rank, device in enumerate(mine)
         ]
 
-    def _spawn(self, name: str, target, spec) -> Child:
+    def _spawn(self, name: str, target, spec, context=None) -> Child:
+        """Start one child: spawned, or (an executor) as procs/executor_start.py says."""
         ready_r, ready_w = self._ctx.Pipe(duplex=False)
-        process = self._ctx.Process(target=target, args=(encode(spec), ready_w), name=f"cadence-{name}")
+        if context is None:
+            context, args = self._ctx, (encode(spec), ready_w)
+        else:
+            target, args = process_args(target, (encode(spec), ready_w))
+        process = context.Process(target=target, args=args, name=f"cadence-{name}")
         process.start()
         ready_w.close()  # the child holds the write end; EOF here means it died
         return Child(name, process, ready_r)

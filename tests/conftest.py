@@ -9,6 +9,9 @@ import triton_interpreter
 # Two cores run the whole suite; more threads only thrash. A background child, one of two running
 # at once, gets one (tests/background_children.py).
 torch.set_num_threads(int(os.environ.get(background_children.TORCH_THREADS_ENV, "2")))
+# The suite starts ~100 servers: their executors fork from one process that imported torch once
+# (procs/executor_start.py), not each from a fresh interpreter.
+os.environ.setdefault("CADENCE_EXECUTOR_START", "forkserver")
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs: only the selected children start

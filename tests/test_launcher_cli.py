@@ -14,7 +14,7 @@ import pytest
 from system_client import GREEDY, SystemClient, tiny_config
 
 from ipc.shm_ring import SHM_DIR
-from procs import devices
+from procs import devices, executor_start
 from procs.devices import GPUCountError, assign_devices
 from procs.launcher import Launcher, LaunchError, LaunchOptions
 
@@ -38,10 +38,11 @@ def _cadence_pids(parent: int | None = None) -> set[int]:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_launcher_serves_then_stops_on_a_signal_leaving_no_process_and_no_segment(sig):
+    spawned = {k: v for k, v in os.environ.items() if k != executor_start.ENV}  # every child the launcher's
     proc = subprocess.Popen(
         [sys.executable, "-m", "procs.launcher", "--device", "cpu", "--dp", "2", "--max-model-len", "256",
          "--num-gpu-blocks-override", "64", "--max-num-batched-tokens", "128"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=spawned)
     try:
         line = proc.stdout.readline()
         assert line.startswith("native clients connect to ipc://"), line

@@ -1,6 +1,7 @@
 """Nothing of a run is left once it ends, however it ends: its socket directory (ipc/endpoints.py) and
 its /dev/shm segments are gone after a stop with a SIGKILLed executor, after a failed start, and
-after its launcher is killed with SIGKILL (its tokenizer removes them on the way out); what a run
+after its launcher is killed with SIGKILL (its tokenizer removes them on the way out; its executors,
+spawned or forked from the forkserver, end with it); what a run
 killed whole left behind is removed by the next launcher's start, and a run whose launcher still
 holds its lock (ipc/run_lock.py) is not."""
 
@@ -21,6 +22,7 @@ from benchmarks.lib.processes import remember, survivors
 from ipc.endpoints import Endpoints
 from ipc.run_lock import RunLock, remove_ended_runs
 from ipc.shm_ring import SHM_DIR, ring_name
+from procs import executor_start
 from procs.fault_injection import ENV
 from procs.launcher import Launcher, LaunchError, LaunchOptions
 
@@ -64,8 +66,9 @@ def test_a_failed_start_leaves_nothing(root, monkeypatch):
     assert list(root.iterdir()) == [] and _segments(launcher.run_id) == []
 
 
-def test_a_launcher_killed_with_sigkill_leaves_nothing(root):
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(root))
+@pytest.mark.parametrize("start", executor_start.START_METHODS)
+def test_a_launcher_killed_with_sigkill_leaves_nothing(root, start):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(root), **{executor_start.ENV: start})
     command = [sys.executable, "-m", "procs.launcher", "--device", "cpu", "--max-model-len", "256",
                "--num-gpu-blocks-override", "64"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
