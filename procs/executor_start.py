@@ -37,10 +37,14 @@ def start_method() -> str:
 
 
 def executor_context() -> BaseContext:
-    method = start_method()
-    context = mp.get_context(method)
-    if method == "forkserver":
-        context.set_forkserver_preload(PRELOAD)
+    return forkserver_context() if start_method() == "forkserver" else mp.get_context("spawn")
+
+
+def forkserver_context() -> BaseContext:
+    """The forkserver's context, its server (one a process, started at its first use) preloading
+    what an executor imports; tests start their own torch workers from it too."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
     return context
 
 

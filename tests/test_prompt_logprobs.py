@@ -9,7 +9,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from free_ports import free_port
 from inprocess_engine import Engine
 from plans import Chunk, make_plan
@@ -22,6 +21,7 @@ from core.execution.runner import ModelRunner
 from core.plan import StepResult
 from core.sampling_params import SamplingParams, SamplingParamsError
 from ipc.step_frames import result_from_frames, result_to_frames
+from procs.executor_start import forkserver_context
 
 TOLERANCE = 1e-4
 
@@ -187,7 +187,7 @@ def test_tp2_scores_the_prompt_as_tp1_does(checkpoint):
     np.testing.assert_allclose(expected.prompt_logprobs, want.numpy(), atol=TOLERANCE)
     assert runner.execute(make_plan([Chunk([1, 2, 3], 0, [0])], 16)).prompt_logprobs is None  # none asked
     port = free_port()
-    ctx = mp.get_context("spawn")
+    ctx = forkserver_context()
     queue = ctx.Queue()
     procs = [ctx.Process(target=_tp_worker, args=(r, str(directory), port, queue)) for r in range(2)]
     for p in procs:

@@ -8,7 +8,6 @@ import time
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from free_ports import free_port
 from plans import Chunk, make_plan
 from tiny_models import build_tiny_checkpoint
@@ -17,6 +16,7 @@ from core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig
 from core.execution import distributed
 from core.execution.distributed import TPGroup, TPStartupError, init_tp_group
 from core.execution.runner import ModelRunner
+from procs.executor_start import forkserver_context
 
 BLOCK_SIZE = 16
 
@@ -65,7 +65,7 @@ def test_tp2_logits_equal_tp1(tmp_path):
     expected = _run(ModelRunner(_config(str(tmp_path), 1), tp=TPGroup(), show_progress=False),
                     prompt, continuation)
 
-    ctx = mp.get_context("spawn")
+    ctx = forkserver_context()
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_tp_worker, args=(r, str(tmp_path), port, prompt, continuation, queue))
@@ -117,7 +117,7 @@ def _join_worker(rank: int, port: int, stalled_rank: int, stall_at: str, timeout
 def test_a_rank_that_stalls_while_joining_is_named_by_its_peer_within_the_dist_timeout(stalled_rank, stall_at,
                                                                                       message):
     timeout_s = 3.0
-    ctx = mp.get_context("spawn")
+    ctx = forkserver_context()
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_join_worker, args=(r, port, stalled_rank, stall_at, timeout_s, queue))

@@ -1,18 +1,26 @@
 """Tiny Qwen3 checkpoints built with transformers and saved as real safetensors directories: in float32,
-and as fine-grained FP8 checkpoints beside their bf16 and dequantized twins."""
+and as fine-grained FP8 checkpoints beside their bf16 and dequantized twins.
+
+transformers is imported where a model is built, not with this module: its import takes ~5 s, and
+the worker processes of a test module that imports this one (TP ranks) import it too."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen3Config
-from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
+
+if TYPE_CHECKING:
+    from transformers import Qwen3Config
+    from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
 
 
 def tiny_hf_config(tie: bool = False, vocab_size: int = 256, num_layers: int = 2) -> Qwen3Config:
+    from transformers import Qwen3Config
+
     # GQA 4:2 and head_dim 32 != hidden / heads (16), as in the real Qwen3 family.
     return Qwen3Config(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
@@ -25,6 +33,8 @@ def tiny_hf_config(tie: bool = False, vocab_size: int = 256, num_layers: int = 2
 def build_tiny_checkpoint(directory: Path, tie: bool = False, seed: int = 0, vocab_size: int = 256,
                           num_layers: int = 2) -> HFQwen3ForCausalLM:
     """Save a random tiny Qwen3 (every weight random, norms too) and return the HF model, float32."""
+    from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
+
     torch.manual_seed(seed)
     model = HFQwen3ForCausalLM(tiny_hf_config(tie, vocab_size, num_layers)).float().eval()
     with torch.no_grad():
@@ -46,6 +56,8 @@ FP8_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 def tiny_fp8_hf_config(num_layers: int = 2, vocab_size: int = 512) -> Qwen3Config:
     """Every linear dimension a multiple of 128, so the 128 x 128 blocks are real, and every TP=2 shard
     too: q 512 rows, k and v 256 (two KV heads of 128), gate/up/down 512, hidden 256."""
+    from transformers import Qwen3Config
+
     return Qwen3Config(
         vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=128, max_position_embeddings=1024,
@@ -91,6 +103,8 @@ def build_tiny_fp8_checkpoints(directory: Path, seed: int = 0, num_layers: int =
     * "dequantized": the fp8 checkpoint's linear weights multiplied out to float32, no
       quantization_config: the model the fp8 checkpoint stands for.
     """
+    from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
+
     torch.manual_seed(seed)
     model = HFQwen3ForCausalLM(tiny_fp8_hf_config(num_layers)).float().eval()
     with torch.no_grad():
