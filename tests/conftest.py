@@ -12,6 +12,9 @@ torch.set_num_threads(int(os.environ.get(background_children.TORCH_THREADS_ENV, 
 # The suite starts ~100 servers: their executors fork from one process that imported torch once
 # (procs/executor_start.py), not each from a fresh interpreter.
 os.environ.setdefault("CADENCE_EXECUTOR_START", "forkserver")
+# A CPU executor's OpenMP threads sleep between steps instead of spinning on cores that its
+# scheduler, tokenizer and client need too (read when torch loads in each process started from now).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs: only the selected children start
