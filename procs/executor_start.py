@@ -48,20 +48,21 @@ def forkserver_context() -> BaseContext:
     return context
 
 
-def process_args(target: Callable[..., None], args: tuple) -> tuple[Callable[..., None], tuple]:
-    """(target, args) for an executor's Process: under the forkserver, the child first takes the
-    launcher's environment of now (the forkserver's own is that of its start)."""
-    if start_method() == "forkserver":
+def process_args(context: BaseContext, target: Callable[..., None],
+                 args: tuple) -> tuple[Callable[..., None], tuple]:
+    """(target, args) for an executor's Process in `context`: from the forkserver, the child first
+    takes the launcher's environment of now (the forkserver's own is that of its start)."""
+    if context.get_start_method() == "forkserver":
         return _in_environment, (dict(os.environ), target, *args)
     return target, args
 
 
 def _in_environment(environment: dict[str, str], target: Callable[..., None], *args: object) -> None:
-    try:  # it finds the process's command line from where the environment's strings lie: first
+    try:
         import setproctitle
     except ImportError:
         pass
-    else:
+    else:  # it finds the command line's memory through the environment's strings: before they move
         setproctitle.getproctitle()
     os.environ.clear()
     os.environ.update(environment)

@@ -229,10 +229,8 @@ class Launcher:
     def _spawn(self, name: str, target, spec, context=None) -> Child:
         """Start one child: spawned, or (an executor) as procs/executor_start.py says."""
         ready_r, ready_w = self._ctx.Pipe(duplex=False)
-        if context is None:
-            context, args = self._ctx, (encode(spec), ready_w)
-        else:
-            target, args = process_args(target, (encode(spec), ready_w))
+        context = context or self._ctx
+        target, args = process_args(context, target, (encode(spec), ready_w))
         process = context.Process(target=target, args=args, name=f"cadence-{name}")
         process.start()
         ready_w.close()  # the child holds the write end; EOF here means it died
