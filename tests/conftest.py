@@ -6,12 +6,14 @@ import pytest
 import torch
 import triton_interpreter
 
+from procs import executor_start
+
 # Two cores run the whole suite; more threads only thrash. A background child, one of two running
 # at once, gets one (tests/background_children.py).
 torch.set_num_threads(int(os.environ.get(background_children.TORCH_THREADS_ENV, "2")))
 # The suite starts ~100 servers: their executors fork from one process that imported torch once
 # (procs/executor_start.py), not each from a fresh interpreter.
-os.environ.setdefault("CADENCE_EXECUTOR_START", "forkserver")
+os.environ.setdefault(executor_start.ENV, "forkserver")
 # A CPU executor's OpenMP threads sleep between steps instead of spinning on cores that its
 # scheduler, tokenizer and client need too (read when torch loads in each process started from now).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -1,9 +1,9 @@
 """Nothing of a run is left once it ends, however it ends: its socket directory (ipc/endpoints.py) and
 its /dev/shm segments are gone after a stop with a SIGKILLed executor, after a failed start, and
 after its launcher is killed with SIGKILL (its tokenizer removes them on the way out; its executors,
-spawned or forked from the forkserver, end with it); what a run
-killed whole left behind is removed by the next launcher's start, and a run whose launcher still
-holds its lock (ipc/run_lock.py) is not."""
+spawned or forked from the forkserver, end with it); what a run killed whole left behind is removed
+by the next launcher's start, and a run whose launcher still holds its lock (ipc/run_lock.py) is
+not."""
 
 from __future__ import annotations
 
