@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import replace
 
@@ -39,6 +40,8 @@ from core.sampling_params import SamplingParams
 from ipc.codec import CodecError, decode, encode
 from ipc.messages import (
     AbortRequest,
+    CacheFlushed,
+    FlushCache,
     GenerateRequest,
     OutputDelta,
     RequestAdmitted,
@@ -77,7 +80,7 @@ class AsyncClient:
         self._failure: ClientError | None = None
         self._info: asyncio.Future[ServerInfo] | None = None
         self._info_asked_s = 0.0
-        self._queries: dict[str, asyncio.Future[TokenizerAnswer]] = {}  # by query id
+        self._queries: dict[str, asyncio.Future[TokenizerAnswer | CacheFlushed]] = {}  # by query id
 
     async def __aenter__(self) -> AsyncClient:
         await self.start()
@@ -168,6 +171,15 @@ class AsyncClient:
 
     async def ask_tokenizer(self, query: TokenizerQuery, timeout_s: float | None = None) -> TokenizerAnswer:
         """The tokenizer's answer to `query` (its query_id unique among those waiting)."""
+        return await self._ask(query, f"a {query.kind} query", timeout_s)
+
+    async def flush_cache(self, timeout_s: float | None = None) -> CacheFlushed:
+        """Empty every replica's prefix cache; refused (flushed False, `error` says why) while any
+        request runs or waits."""
+        return await self._ask(FlushCache(uuid.uuid4().hex), "FlushCache", timeout_s)
+
+    async def _ask(self, query: TokenizerQuery | FlushCache, what: str,
+                   timeout_s: float | None) -> TokenizerAnswer | CacheFlushed:
         if self._failure is not None:
             raise self._failure
         if query.query_id in self._queries:
@@ -178,7 +190,7 @@ class AsyncClient:
             await self._send(query)
             return await asyncio.wait_for(answer, timeout)
         except TimeoutError:
-            raise ClientTimeout(f"the tokenizer at {self.address} did not answer a {query.kind} query within "
+            raise ClientTimeout(f"the tokenizer at {self.address} did not answer {what} within "
                                 f"{timeout} s") from None
         finally:
             del self._queries[query.query_id]
@@ -315,7 +327,7 @@ class AsyncClient:
             if self._info is not None and not self._info.done():
                 self._info.set_result(message)
             return
-        if isinstance(message, TokenizerAnswer):
+        if isinstance(message, TokenizerAnswer | CacheFlushed):
             answer = self._queries.get(message.query_id)
             if answer is not None and not answer.done():
                 answer.set_result(message)

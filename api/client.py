@@ -5,7 +5,7 @@ DEALER socket, in the messages of ipc/messages.py, with request ids of their own
 
 * `Client` (here; sync, one thread) for batch jobs: `generate` many prompts and get them back in
   order, `submit` then iterate `as_completed`, `stream` one request's outputs, `abort`,
-  `server_info`.
+  `server_info`, `flush_cache` (empty the prefix caches between jobs, as /flush_cache does).
 * `AsyncClient` (api/async_client.py, re-exported here) for the same from a coroutine, and for the
   REST server.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -52,6 +53,8 @@ from ipc.channels import ChannelTimeout, DealerChannel
 from ipc.codec import CodecError
 from ipc.messages import (
     AbortRequest,
+    CacheFlushed,
+    FlushCache,
     GenerateRequest,
     OutputDelta,
     RequestAdmitted,
@@ -86,6 +89,7 @@ class Client:
         self._streams: dict[str, deque[OutputDelta | RequestFailed]] = {}  # unfinished, streamed
         self._done: dict[str, Generation] = {}  # finished, not yet handed out
         self._infos: deque[ServerInfo] = deque()
+        self._flushed: dict[str, CacheFlushed] = {}  # answers to this client's FlushCache, by query id
 
     def __enter__(self) -> Client:
         return self
@@ -193,6 +197,17 @@ class Client:
                                     f"{self._timeout_s(timeout_s)} s")
         return self._infos.popleft()
 
+    def flush_cache(self, timeout_s: float | None = None) -> CacheFlushed:
+        """Empty every replica's prefix cache; refused (flushed False, `error` says why) while any
+        request runs or waits."""
+        query_id = uuid.uuid4().hex
+        self._send(FlushCache(query_id))
+        while query_id not in self._flushed:
+            if not self._pump(timeout_s):
+                raise ClientTimeout(f"the tokenizer at {self.address} did not answer FlushCache within "
+                                    f"{self._timeout_s(timeout_s)} s")
+        return self._flushed.pop(query_id)
+
     # --- internals ---------------------------------------------------------------------------------
 
     def _timeout_s(self, timeout_s: float | None) -> float:
@@ -250,6 +265,9 @@ class Client:
     def _route(self, message: object) -> None:
         if isinstance(message, ServerInfo):
             self._infos.append(message)
+            return
+        if isinstance(message, CacheFlushed):
+            self._flushed[message.query_id] = message
             return
         if isinstance(message, RequestAdmitted):
             return  # asked for by a request built with notify_admitted; this client waits for outputs

@@ -9,6 +9,8 @@ Routes:
   registers; without them it lists the model as "unknown" (docs/deploy.md).
 * POST /tokenize, POST /detokenize, GET /tokenizer_info: the model's tokenizer, in vLLM's fields
   (api/tokenizer_routes.py).
+* GET/POST /flush_cache (SGLang's), POST /reset_prefix_cache (vLLM's): empty the prefix caches while
+  no request runs or waits (api/cache_routes.py).
 * GET /health: 200 while the engine serves (ServerInfo.serving), 503 when it does not or when the
   tokenizer does not answer; the body says why.
 * GET /metrics: Prometheus text (api/metrics.py). GET /version.
@@ -16,8 +18,8 @@ Routes:
 The app is one client of the tokenizer process: one AsyncClient (one DEALER socket), started in
 the app's lifespan. An HTTP client that disconnects, while its response streams or while it waits
 for a whole one, aborts its requests (AbortRequest) at once. With an API key (ApiConfig.api_key,
-or the CADENCE_API_KEY environment variable through the CLI) every /v1/ route needs
-`Authorization: Bearer <key>`; /health, /metrics and /version stay open for probes and scrapers.
+or the CADENCE_API_KEY environment variable through the CLI) every /v1/ route and the cache flush
+need `Authorization: Bearer <key>`; /health, /metrics and /version stay open for probes and scrapers.
 Bodies over `max_body_bytes` get 413 before they are read whole.
 """
 
@@ -42,6 +44,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.async_client import AsyncClient
+from api.cache_routes import FLUSH_PATHS, cache_routes
 from api.client_errors import ClientError
 from api.errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, ApiError, error_object, invalid
 from api.metrics import CONTENT_TYPE, ApiMetrics
@@ -108,14 +111,14 @@ class SSEResponse(StreamingResponse):
 
 
 class _ApiKeyCheck:
-    """ASGI middleware: /v1/ routes need `Authorization: Bearer <key>`."""
+    """ASGI middleware: /v1/ routes and the cache flush need `Authorization: Bearer <key>`."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in FLUSH_PATHS):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
                 message = ("missing Authorization header; send 'Authorization: Bearer <api key>'" if not given
@@ -323,6 +326,7 @@ def build_app(config: ApiConfig) -> Starlette:
         *(Route(path, server.model_info, methods=["GET"])
           for path in ("/get_model_info", "/model_info", "/get_server_info", "/server_info")),
         *tokenizer_routes(server),
+        *cache_routes(server),
         Route("/get_load", server.load, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),

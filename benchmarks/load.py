@@ -11,7 +11,8 @@ chunks) and end-to-end latency as mean/median/p90/p99/max, token throughputs, th
 rate over the run (from the server's counters), KV-cache usage sampled during the run, and the GPU's
 idle share between back-to-back steps (the executors' wait for the next plan against their time
 running steps, from the server's counters; key `step_wait`).
-Warm-up requests run first and are left out of every figure.
+Warm-up requests run first and are left out of every figure; `--flush-cache` then empties the
+server's prefix cache, so a repeated run starts as cold as the first.
 """
 
 from __future__ import annotations
@@ -157,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, help="sent with every request")
     p.add_argument("--top-k", type=int, help="sent with every request")
     p.add_argument("--warmup", type=int, default=2, help="requests sent and discarded first (default 2)")
+    p.add_argument("--flush-cache", action="store_true",
+                   help="empty the server's prefix cache after the warm-up, so the run starts cold "
+                        "(POST /flush_cache, as SGLang's bench_serving --flush-cache; FlushCache on zmq)")
     p.add_argument("--seed", type=int, default=0, help="dataset and arrivals (default 0)")
     p.add_argument(
         "--timeout", type=float, default=3600.0, help="seconds one request may take (default 3600)"
@@ -210,6 +214,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         warm = LoadRun(args, backend)
         warmup = random_dataset(args.warmup, 16, 4, 0.0, args.seed + 99) if args.warmup else []
         await asyncio.gather(*(warm.send(s) for s in warmup))
+        if args.flush_cache and (why_not := await backend.flush_cache()) is not None:
+            raise SystemExit(f"--flush-cache: the server did not flush its prefix cache: {why_not}")
         run = LoadRun(args, backend)
         if not args.no_progress:
             from tqdm import tqdm
@@ -226,6 +232,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         if final is not None:
             run.gauges.append((time.perf_counter(), final))
         result = summarize(run, duration, args, before, start)
+        result["flushed_cache"] = args.flush_cache
         if args.structured:
             result["structured"] = correctness(args.structured, [t.text for _, t in run.timings if t.ok])
         return result

@@ -41,13 +41,13 @@ _ENVELOPE_KEYS = frozenset({"type", "body"})
 
 
 # Top-level body fields that name what a message is about; a CodecError reports those it can read.
-_NAMING_FIELDS = ("request_id", "replica", "rank", "step_id")
+_NAMING_FIELDS = ("request_id", "query_id", "replica", "rank", "step_id")
 
 
 class CodecError(ValueError):
     """Bytes that are not a valid envelope of a registered message type, or a message that cannot be
-    encoded. The message names the type and field; `type_name` and `names` (request_id, replica,
-    rank, step_id: whichever the body held as plain scalars) say whom the bad message was about."""
+    encoded. The message names the type and field; `type_name` and `names` (request_id, query_id,
+    replica, rank, step_id: whichever the body held as plain scalars) say whom the bad message was about."""
 
     def __init__(self, message: str, type_name: str | None = None,
                  names: dict[str, str | int] | None = None) -> None:

@@ -3,11 +3,12 @@
 Three conversations, each one-way in its types:
 
 * clients (the api process, `api.client`) <-> tokenizer, over the tokenizer's ROUTER:
-  GenerateRequest, AbortRequest, ServerInfoQuery and TokenizerQuery in; OutputDelta,
-  RequestAdmitted, RequestFailed, ServerInfo and TokenizerAnswer out. Request ids are the client's own; the
-  tokenizer keeps them apart per client.
-* tokenizer <-> scheduler: TokenizedRequest and AbortRequest in; TokenDeltas, Admitted, Rejected
-  and SchedulerStatus out. The launcher also sends ReplicaDown and Shutdown to the scheduler.
+  GenerateRequest, AbortRequest, ServerInfoQuery, TokenizerQuery and FlushCache in; OutputDelta,
+  RequestAdmitted, RequestFailed, ServerInfo, TokenizerAnswer and CacheFlushed out. Request and
+  query ids are the client's own; the tokenizer keeps them apart per client.
+* tokenizer <-> scheduler: TokenizedRequest, AbortRequest and FlushCache in; TokenDeltas, Admitted,
+  Rejected, SchedulerStatus and CacheFlushed out. The launcher also sends ReplicaDown and Shutdown
+  to the scheduler.
 * scheduler <-> executors: StepReady, Ping and Stop on a replica's doorbell (the plan itself is in
   the shared-memory ring, or in a frame after StepReady when it does not fit a slot); StepDone and
   Pong back. StepDone carries its arrays as raw frames (see ipc/step_frames.py).
@@ -131,6 +132,28 @@ class TokenizerAnswer:
     body: dict[str, Any] | None = None
     error: str | None = None
     error_field: str | None = None
+
+
+@message
+@dataclass(frozen=True)
+class FlushCache:
+    """Drop every live replica's prefix cache (the REST server's /flush_cache and /reset_prefix_cache):
+    done only while no request runs or waits on any replica, so that afterwards nothing is cached.
+    The tokenizer forwards it to the scheduler; the answer is one CacheFlushed with the same query_id."""
+
+    query_id: str
+
+
+@message
+@dataclass(frozen=True)
+class CacheFlushed:
+    """The answer to FlushCache: `flushed` with the pages freed, or `error` saying why not (requests
+    still running or waiting, named by replica)."""
+
+    query_id: str
+    flushed: bool
+    freed_pages: int = 0
+    error: str | None = None
 
 
 @message

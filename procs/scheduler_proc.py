@@ -31,6 +31,8 @@ from ipc.codec import decode
 from ipc.messages import (
     AbortRequest,
     Admitted,
+    CacheFlushed,
+    FlushCache,
     Ping,
     Pong,
     Rejected,
@@ -47,6 +49,7 @@ from ipc.plan_layout import pack_plan, plan_nbytes
 from ipc.process_specs import Ready, SchedulerSpec
 from ipc.shm_ring import RingError, cleanup_stale, run_prefix
 from ipc.step_frames import result_from_frames
+from procs.cache_flush import flush_caches
 from procs.child import become, parent_alive, run_actor
 from procs.problem_log import ProblemLog
 from procs.replica import InFlight, Replica
@@ -87,7 +90,8 @@ class SchedulerProcess:
         self._ppid = os.getppid()
         cleanup_stale(run_prefix(spec.run_id))
         self.inputs = PullChannel.bind(spec.inputs, name="scheduler inputs",
-                                       types=(TokenizedRequest, AbortRequest, ReplicaDown, Shutdown))
+                                       types=(TokenizedRequest, AbortRequest, FlushCache, ReplicaDown,
+                                              Shutdown))
         self.results = PullChannel.bind(spec.results, name="executor results", types=(StepDone, Pong))
         self.outputs = PushChannel.connect(spec.outputs, name="outputs to the tokenizer")
         self.replicas: list[Replica] = []
@@ -160,6 +164,8 @@ class SchedulerProcess:
                 self.add_request(msg)
             elif isinstance(msg, AbortRequest):
                 self.abort(msg.request_id)
+            elif isinstance(msg, FlushCache):
+                self.outputs.send(flush_caches(self.replicas, msg.query_id, self.log))
             elif isinstance(msg, ReplicaDown):
                 self.take_down(msg.replica, msg.reason)
             elif isinstance(msg, Shutdown):
@@ -361,6 +367,8 @@ class SchedulerProcess:
             self._rejected.append(Rejected(names["request_id"], f"invalid request: {exc}", status=500))
         elif kind == "AbortRequest" and isinstance(names.get("request_id"), str):
             self.abort(names["request_id"])
+        elif kind == "FlushCache" and isinstance(names.get("query_id"), str):
+            self.outputs.send(CacheFlushed(names["query_id"], False, error=f"invalid message: {exc}"))
         elif kind == "StepDone" and all(isinstance(names.get(k), int) for k in ("replica", "step_id")):
             # The step's requests fail as after an error inside it; the replica serves on.
             replica, rank = names["replica"], names.get("rank", 0)

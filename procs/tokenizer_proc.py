@@ -2,6 +2,7 @@
 
     receive (clients: requests, aborts, info queries) -> tokenize -> forward to the scheduler
     receive (scheduler: outputs, rejections, status)  -> detokenize, stop strings -> stream to clients
+    cache flushes: client -> scheduler -> the client's answer
 
 Clients (the api process, `api.client`) connect DEALER sockets to this process's ROUTER; a
 request id is the client's own, kept apart per client. A chat arrives as its messages and becomes
@@ -21,6 +22,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -39,7 +41,9 @@ from ipc.codec import decode
 from ipc.messages import (
     AbortRequest,
     Admitted,
+    CacheFlushed,
     ContextOverflow,
+    FlushCache,
     GenerateRequest,
     OutputDelta,
     Rejected,
@@ -50,6 +54,7 @@ from ipc.messages import (
     ServerInfoQuery,
     TokenDeltas,
     TokenizedRequest,
+    TokenizerAnswer,
     TokenizerQuery,
 )
 from ipc.native_auth import start_key_check
@@ -96,8 +101,10 @@ class TokenizerProcess:
             self.frontend.also_bind(spec.frontend_tcp)
         self.to_scheduler = PushChannel.connect(spec.to_scheduler, name="requests to the scheduler")
         self.from_scheduler = PullChannel.bind(spec.from_scheduler, name="scheduler outputs",
-                                               types=(TokenDeltas, Admitted, Rejected, SchedulerStatus))
+                                               types=(TokenDeltas, Admitted, Rejected, SchedulerStatus,
+                                                      CacheFlushed))
         self.streams: dict[str, Stream] = {}  # by internal id
+        self.flushes: dict[str, tuple[bytes, str]] = {}  # FlushCache sent on: (client, its query id)
         self.status: SchedulerStatus | None = None
         self.status_s = time.monotonic()
         self._ppid = os.getppid()
@@ -143,6 +150,8 @@ class TokenizerProcess:
             elif isinstance(msg, TokenizerQuery):
                 self._send(routed.identity, answer_query(self.tokenizer, msg, self.max_model_len,
                                                          self.vocab_size))
+            elif isinstance(msg, FlushCache):
+                self.flush_cache(routed.identity, msg.query_id)
             else:
                 self.log.warning("ignored a %s from a client", type(msg).__name__)
         self.submit_all(batch)
@@ -213,15 +222,31 @@ class TokenizerProcess:
                                  self.spec.config.scheduler.max_logprobs)
 
     def refuse_bad_client_message(self, exc: BadFrame) -> None:
-        """A client's message that does not decode: the request it names (if it names one) is refused
-        with what was wrong, so the client hears of it instead of waiting; the rest is only logged."""
-        request_id = exc.names.get("request_id")
-        if exc.identity is not None and isinstance(request_id, str) and request_id:
+        """A client's message that does not decode: the request or query it names (if it names one) is
+        answered with what was wrong, so the client hears of it instead of waiting; the rest is only
+        logged."""
+        request_id, query_id = exc.names.get("request_id"), exc.names.get("query_id")
+        if exc.identity is not None and exc.type_name == "FlushCache" and isinstance(query_id, str):
+            self._send(exc.identity, CacheFlushed(query_id, False, error=f"invalid message: {exc}"))
+        elif exc.identity is not None and exc.type_name == "TokenizerQuery" and isinstance(query_id, str):
+            self._send(exc.identity, TokenizerAnswer(query_id, error=f"invalid message: {exc}"))
+        elif exc.identity is not None and isinstance(request_id, str) and request_id:
             if exc.type_name == "AbortRequest":
                 self.abort(_internal_id(exc.identity, request_id))
             else:
                 self._fail(exc.identity, request_id, f"invalid request: {exc}", None)
         self.problems.warning("bad message from a client", str(exc))
+
+    def flush_cache(self, identity: bytes, query_id: str) -> None:
+        """Forward a client's FlushCache to the scheduler, which answers; at once if it is silent."""
+        age = time.monotonic() - self.status_s
+        if self.status is None or age >= STATUS_STALE_S:
+            self._send(identity, CacheFlushed(query_id, False, error=(
+                f"the scheduler has not reported for {age:.1f} s: the cache was not flushed")))
+            return
+        internal_id = _internal_id(identity, query_id)
+        self.flushes[internal_id] = (identity, query_id)
+        self.to_scheduler.send(FlushCache(internal_id))
 
     def abort(self, internal_id: str) -> None:
         if internal_id in self.streams:
@@ -263,6 +288,10 @@ class TokenizerProcess:
                 if stream is not None:
                     self._fail(stream.identity, stream.request.request_id, msg.message, None,
                                status=msg.status)
+            elif isinstance(msg, CacheFlushed):
+                asked = self.flushes.pop(msg.query_id, None)
+                if asked is not None:
+                    self._send(asked[0], replace(msg, query_id=asked[1]))
             else:
                 self.status, self.status_s = msg, time.monotonic()
 

@@ -317,6 +317,29 @@ def test_a_full_prompt_cache_hit_still_computes_the_last_prompt_token(prompt_len
     assert outcome.final["hot"].num_cached_tokens == cached
 
 
+def test_a_flush_refuses_while_a_request_waits_or_runs_then_frees_every_cached_page():
+    scheduler, runner = make_scheduler()
+    tokens = prompt(5, 17)
+    add(scheduler, "cold", tokens, max_tokens=3, ignore_eos=True)
+    outcome = drive(scheduler, runner)
+    add(scheduler, "busy", prompt(6, 9), max_tokens=3, ignore_eos=True)
+    with pytest.raises(SchedulerError, match="replica 0 has 0 running and 1 waiting request"):
+        scheduler.flush_prefix_cache()
+    step(scheduler, runner, outcome)
+    with pytest.raises(SchedulerError, match="replica 0 has 1 running and 0 waiting request"):
+        scheduler.flush_prefix_cache()
+    outcome = drive(scheduler, runner, outcome)
+    cached = scheduler.pool.num_cached
+    assert cached >= 4 + 2  # both requests' whole pages
+    assert scheduler.flush_prefix_cache() == cached
+    assert scheduler.pool.num_free == scheduler.pool.num_pages and scheduler.cache.num_pages == 0
+    scheduler.cache.check()
+    add(scheduler, "again", tokens, max_tokens=3, ignore_eos=True)
+    outcome = drive(scheduler, runner, outcome)
+    assert outcome.final["again"].num_cached_tokens == 0
+    assert outcome.tokens["again"] == outcome.tokens["cold"]
+
+
 def test_cold_and_hot_prefix_cache_give_identical_tokens_and_the_hot_pass_counts_hits():
     scheduler, runner = make_scheduler(num_pages=1024)  # room to keep everything cached
     cold = mixed_workload(scheduler)

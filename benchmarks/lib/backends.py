@@ -102,6 +102,13 @@ class HttpBackend:
     async def close(self) -> None:
         await self._session.close()
 
+    async def flush_cache(self) -> str | None:
+        """POST /flush_cache (SGLang's route, which Cadence serves too); None once flushed, else why not."""
+        async with self._session.post(f"{self.base_url}/flush_cache", headers=self._headers) as response:
+            if response.status == 200:
+                return None
+            return f"HTTP {response.status}: {(await response.text())[:300]}"
+
     async def send(self, spec: RequestSpec, history: list[dict] | None = None) -> RequestTiming:
         body = {
             "model": self.model,
@@ -213,6 +220,11 @@ class ZmqBackend:
 
     async def start(self) -> None:
         await self._client.start()
+
+    async def flush_cache(self) -> str | None:
+        """The native FlushCache; None once flushed, else why not."""
+        answer = await self._client.flush_cache()
+        return None if answer.flushed else answer.error
 
     async def close(self) -> None:
         await self._client.close()

@@ -161,6 +161,16 @@ class Scheduler:
         self.waiting.appendleft(request)
         self.counts.num_preempted += 1
 
+    def flush_prefix_cache(self) -> int:
+        """Drop every cached page; returns how many were freed. Only while no request runs or waits
+        (SchedulerError says how many do): afterwards the pool is all free."""
+        if self._requests:
+            raise SchedulerError(f"replica {self.replica} has {len(self.running)} running and "
+                                 f"{len(self.waiting)} waiting request(s)")
+        freed = self.cache.num_pages
+        self.cache.reset()
+        return freed
+
     def cached_prefix_len(self, token_ids: np.ndarray) -> int:
         """How many leading tokens of a prompt this replica's prefix cache holds (for the DP router)."""
         return self.cache.peek(token_ids)
