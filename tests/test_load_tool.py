@@ -101,22 +101,24 @@ def test_http_backend_reports_the_same_counts_and_reads_the_hit_rate_from_metric
     assert shared["prefix_cache_hit_rate"] == pytest.approx(ideal, abs=0.02)
 
 
-@pytest.mark.parametrize("backend", ["zmq", "http"])
-def test_flush_cache_makes_a_repeated_run_start_as_cold_as_the_first(system, backend):
+def test_flush_cache_makes_a_repeated_run_start_as_cold_as_the_first(system):
+    """The same shared-prefix run four times: cold, then hot (every prompt cached whole), then after
+    --flush-cache on each backend as cold as the first."""
     address, port = system
-    where = (["--backend", "zmq", "--zmq-address", address] if backend == "zmq"
-             else ["--backend", "http", "--base-url", f"http://127.0.0.1:{port}"])
-    flags = [*where, "--no-progress", "--warmup", "1", "--dataset", "shared-prefix", "--groups", "2",
+    zmq = ["--backend", "zmq", "--zmq-address", address]
+    http = ["--backend", "http", "--base-url", f"http://127.0.0.1:{port}"]
+    flags = ["--no-progress", "--warmup", "1", "--dataset", "shared-prefix", "--groups", "2",
              "--prompts-per-group", "3", "--system-len", "48", "--question-len", "8", "--output-len", "2",
-             "--max-concurrency", "1", "--seed", "11" if backend == "zmq" else "12"]
+             "--max-concurrency", "1", "--seed", "11"]
     ideal = ideal_prefix_hit_rate(2, 3, 48, 8, 16)
-    first = load.main([*flags, "--flush-cache"])
-    repeated = load.main(flags)
-    flushed = load.main([*flags, "--flush-cache"])
-    assert first["prefix_cache_hit_rate"] == pytest.approx(ideal, abs=0.02)
-    assert repeated["prefix_cache_hit_rate"] > ideal + 0.2  # every prompt cached whole by the first run
-    assert flushed["prefix_cache_hit_rate"] == pytest.approx(ideal, abs=0.02)
-    assert flushed["flushed_cache"] and not repeated["flushed_cache"]
+    cold = load.main([*zmq, *flags])
+    hot = load.main([*zmq, *flags])
+    assert cold["prefix_cache_hit_rate"] == pytest.approx(ideal, abs=0.02)
+    assert hot["prefix_cache_hit_rate"] > ideal + 0.2 and not hot["flushed_cache"]
+    for backend in (zmq, http):
+        flushed = load.main([*backend, *flags, "--flush-cache"])
+        assert flushed["prefix_cache_hit_rate"] == pytest.approx(ideal, abs=0.02), backend
+        assert flushed["flushed_cache"]
 
 
 def test_multi_turn_conversations_extend_their_history(server):

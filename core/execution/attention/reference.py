@@ -21,26 +21,30 @@ class ReferenceAttention(AttentionBackend):
         write_kv(k, v, k_cache, v_cache, meta.kv_index)
         block_size = k_cache.shape[1]
         out = torch.empty_like(q)
-        block_table = meta.block_table
+        block_table = meta.block_table.long()
+        query_start = meta.query_start_cpu.tolist()
         for i, seq_len in enumerate(meta.seq_lens_cpu.tolist()):
-            start, end = int(meta.query_start_cpu[i]), int(meta.query_start_cpu[i + 1])
+            start, end = query_start[i], query_start[i + 1]
             if end == start:
                 continue
-            num_pages = -(-seq_len // block_size)
-            pages = block_table[i, :num_pages].long()
+            pages = block_table[i, : -(-seq_len // block_size)]
             # [seq_len, kv_heads, head_dim]: the request's whole context, read from its pages.
             # an fp8 cache gathered as bytes, then widened
             keys = raw(k_cache)[pages].view(k_cache.dtype).flatten(0, 1)[:seq_len].to(q.dtype)
             values = raw(v_cache)[pages].view(v_cache.dtype).flatten(0, 1)[:seq_len].to(q.dtype)
-            chunk = end - start
-            # The chunk's tokens sit at positions seq_len - chunk .. seq_len - 1.
-            query_pos = torch.arange(seq_len - chunk, seq_len, device=q.device)
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+            # The chunk's tokens sit at positions seq_len - chunk .. seq_len - 1. One token (a decode)
+            # sees the whole context and a whole prompt is plain causal: no mask is built for them
+            # (the same products, bit for bit; most of a small model's steps are made of them).
+            chunk, mask = end - start, None
+            if 1 < chunk < seq_len:
+                query_pos = torch.arange(seq_len - chunk, seq_len, device=q.device)
+                mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
             attended = F.scaled_dot_product_attention(
                 q[start:end].transpose(0, 1),  # [q_heads, chunk, head_dim]
                 keys.transpose(0, 1),
                 values.transpose(0, 1),
                 attn_mask=mask,
+                is_causal=chunk == seq_len and chunk > 1,
                 scale=scale,
                 enable_gqa=True,
             )
