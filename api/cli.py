@@ -69,6 +69,14 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tool-call-parser", default="hermes", choices=("hermes", "qwen25", "qwen"),
                        help="how a reply's function calls are read: Qwen3's <tool_call> blocks, under "
                             "vLLM's name (hermes) or SGLang's (qwen25, qwen)")
+    # Qwen3's reasoning is always split at <think> (api/reasoning.py); the reasoning-parser flags of
+    # vLLM (`--reasoning-parser qwen3`, older `--enable-reasoning ... deepseek_r1`) and SGLang are
+    # accepted for the same reason.
+    group.add_argument("--reasoning-parser", default="qwen3", choices=("qwen3", "deepseek_r1"),
+                       help="how a reply's reasoning is split off: Qwen3's <think> block, sent as "
+                            "reasoning_content and reasoning (always on, Qwen3's way under either name)")
+    group.add_argument("--enable-reasoning", action="store_true",
+                       help="accepted for older vLLM command lines; the reasoning is always split off")
     group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     group.add_argument("--access-log", action="store_true", help="log every HTTP request (default: off)")
 

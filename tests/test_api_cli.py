@@ -42,6 +42,16 @@ def test_vllm_and_sglang_function_calling_flags_are_accepted(capsys):
     assert "invalid choice: 'mistral'" in capsys.readouterr().err
 
 
+def test_vllm_and_sglang_reasoning_flags_are_accepted(capsys):
+    parse = cli.build_parser().parse_args
+    assert parse(["serve"]).reasoning_parser == "qwen3"
+    args = parse(["serve", "--enable-reasoning", "--reasoning-parser", "deepseek_r1"])
+    assert args.enable_reasoning and args.reasoning_parser == "deepseek_r1"
+    with pytest.raises(SystemExit):
+        parse(["serve", "--reasoning-parser", "granite"])
+    assert "invalid choice: 'granite'" in capsys.readouterr().err
+
+
 def test_max_logprobs_reaches_the_engine_config_and_a_negative_one_is_refused():
     from core.config import ConfigError
     from procs.args import config_from_args
