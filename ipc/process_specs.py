@@ -74,3 +74,4 @@ class TokenizerSpec:
     frontend_tcp: str | None = None  # tcp://host:port the ROUTER listens on too (remote native clients)
     api_key: str | None = None  # with frontend_tcp: every client of the ROUTER must present it
     run_dir: str | None = None  # the run's socket directory: removed on exit here if the launcher is gone
+    chat_template: str | None = None  # `--chat-template`'s text, in place of the checkpoint's

@@ -20,6 +20,7 @@ from core.config import (
 )
 from core.quantization import QUANTIZE_AT_LOAD_METHODS
 from core.registry import AUTO_ATTENTION_BACKENDS, attention_backend_choices
+from core.tokenizer.jinja_template import read_chat_template
 from procs.launch_options import LaunchOptions
 
 DEFAULT_MODEL = "qwen3-tiny"
@@ -34,6 +35,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--tokenizer", default=None,
                        help="a directory with tokenizer files (default: the model directory, or the "
                             "built-in Qwen vocabulary for presets)")
+    group.add_argument("--chat-template", default=None,
+                       help="a Jinja chat template, or a file holding one, rendered instead of the "
+                            "tokenizer's (default: the checkpoint's template, else Qwen3's ChatML)")
     group.add_argument("--tensor-parallel-size", "--tp", "-tp", type=int, default=1, dest="tp",
                        help="ranks one replica is split across (default: 1)")
     group.add_argument("--data-parallel-size", "--dp", "-dp", type=int, default=1, dest="dp",
@@ -145,6 +149,10 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 def launch_options_from_args(args: argparse.Namespace) -> LaunchOptions:
+    """The LaunchOptions the flags describe; ChatTemplateError for a template that cannot be read or
+    compiled (before anything starts)."""
+    template = None if args.chat_template is None else read_chat_template(args.chat_template)
     return LaunchOptions(served_model_name=getattr(args, "served_model_name", None),
-                         tokenizer_path=args.tokenizer, step_timeout_s=args.step_timeout,
-                         startup_timeout_s=args.startup_timeout, dist_timeout_s=args.dist_timeout)
+                         tokenizer_path=args.tokenizer, chat_template=template,
+                         step_timeout_s=args.step_timeout, startup_timeout_s=args.startup_timeout,
+                         dist_timeout_s=args.dist_timeout)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 class LaunchOptions:
     served_model_name: str | None = None  # default: the model's name
     tokenizer_path: str | None = None  # default: the model directory (or the built-in vocabulary)
+    chat_template: str | None = None  # a Jinja chat template's text, in place of the tokenizer's
     startup_timeout_s: float = 900.0  # loading 30 GB of weights and profiling takes minutes
     # A step with no result for this long takes its replica down. Far above the slowest legitimate
     # step (a full 8,192-token prefill of the 14B model takes under a second on an H200; the Triton

@@ -154,7 +154,7 @@ class Launcher:
                 config, options.served_model_name or config.model.name,
                 options.tokenizer_path or config.model.model_path,
                 eps.tokenizer_frontend, eps.scheduler_input, eps.tokenizer_output,
-                options.native_tcp, options.native_api_key, str(eps.runtime_dir)))
+                options.native_tcp, options.native_api_key, str(eps.runtime_dir), options.chat_template))
             deadline = time.monotonic() + options.startup_timeout_s
             self._await_ready([*self.executors, self.tokenizer], deadline)
             num_pages = [min(c.ready.num_pages for c in r.executors) for r in self.replicas]

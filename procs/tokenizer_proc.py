@@ -81,8 +81,13 @@ def run_tokenizer(spec_bytes: bytes, ready_conn: Connection) -> None:
     """Process entry point (multiprocessing spawn target)."""
     spec: TokenizerSpec = decode(spec_bytes)
     log = become("cadence:tokenizer")
-    run_actor(ready_conn, Ready("tokenizer", os.getpid()), log,
-              lambda: TokenizerProcess(spec, load_tokenizer(spec.tokenizer_path), log))
+    def start() -> TokenizerProcess:
+        tokenizer = load_tokenizer(spec.tokenizer_path)
+        if spec.chat_template is not None:
+            tokenizer.set_chat_template(spec.chat_template)
+        return TokenizerProcess(spec, tokenizer, log)
+
+    run_actor(ready_conn, Ready("tokenizer", os.getpid()), log, start)
 
 
 class TokenizerProcess:

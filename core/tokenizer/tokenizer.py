@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from core.tokenizer.chat_template import flatten_contents, render_chatml
+from core.tokenizer.jinja_template import JinjaChatTemplate
 
 
 class TokenizerError(ValueError):
@@ -40,8 +41,10 @@ class Tokenizer(ABC):
     # Whether `encode` may run on several threads at once, without the GIL (tiktoken); transformers'
     # tokenizers may reconfigure themselves inside encode, so they say no.
     encodes_concurrently: bool = False
-    # The checkpoint's Jinja chat template, where it has one; None: the built-in Qwen3 ChatML renderer.
+    # The Jinja chat template in use: the operator's (set_chat_template), else the checkpoint's; None:
+    # the built-in Qwen3 ChatML renderer.
     chat_template: str | None = None
+    _override: JinjaChatTemplate | None = None
 
     @abstractmethod
     def encode(self, text: str) -> list[int]: ...
@@ -61,9 +64,21 @@ class Tokenizer(ABC):
         tools: Sequence[Mapping] | None = None,
         continue_final_message: bool = False,
     ) -> str:
-        """The prompt text for a chat offering `tools`, in the built-in Qwen3 ChatML form unless
-        overridden; `continue_final_message` leaves the last (assistant) message open."""
+        """The prompt text for a chat offering `tools`, in the built-in Qwen3 ChatML form unless a
+        template was set; `continue_final_message` leaves the last (assistant) message open."""
+        if self._override is not None:
+            return self._override.render(flatten_contents(messages), add_generation_prompt, enable_thinking,
+                                         tools, continue_final_message, self.special_tokens_map())
         return render_chatml(messages, add_generation_prompt, enable_thinking, tools, continue_final_message)
+
+    def set_chat_template(self, source: str) -> None:
+        """Render chats with `source` (`cadence serve --chat-template`) instead of the default."""
+        self._override = JinjaChatTemplate(source)
+        self.chat_template = source
+
+    def special_tokens_map(self) -> dict[str, str | None]:
+        """The special tokens a template may name (Qwen3's: no BOS; the end of a turn ends a reply)."""
+        return {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
 
 
 @cache
@@ -160,6 +175,10 @@ class HFTokenizer(Tokenizer):
                 f"token {token_id} ({piece!r}) of the tokenizer in {self.directory} has the char "
                 f"{exc.args[0]!r}, outside the byte-level alphabet"
             ) from exc
+
+    def set_chat_template(self, source: str) -> None:
+        JinjaChatTemplate(source)  # refused here, as for the built-in vocabulary, if it does not compile
+        self._hf.chat_template = self.chat_template = source  # transformers renders it
 
     def apply_chat_template(
         self,
