@@ -49,6 +49,9 @@ def test_a_tokenizer_directorys_template_gives_way_to_the_given_one(hf_directory
     tokenizer.set_chat_template("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == "[user] hi\n"
     assert tokenizer.chat_template.startswith("{% for m in messages %}")
+    tokenizer.set_chat_template("{{ raise_exception('no chats today') }}")
+    with pytest.raises(ValueError, match="the --chat-template template rejected the messages: no chats"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
 def test_the_flag_takes_a_file_or_an_inline_template_and_refuses_anything_else(tmp_path):

@@ -101,6 +101,7 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
+        self._template_origin = f"the chat template of {self.directory}"
         # transformers is heavy to import; presets on the built-in vocabulary never need it.
         from transformers import AutoTokenizer
 
@@ -179,6 +180,7 @@ class HFTokenizer(Tokenizer):
     def set_chat_template(self, source: str) -> None:
         JinjaChatTemplate(source)  # refused here, as for the built-in vocabulary, if it does not compile
         self._hf.chat_template = self.chat_template = source  # transformers renders it
+        self._template_origin = "the --chat-template template"
 
     def apply_chat_template(
         self,
@@ -202,5 +204,5 @@ class HFTokenizer(Tokenizer):
                 enable_thinking=enable_thinking,
             )
         except Exception as exc:  # jinja2 raises its own types, templates raise_exception(...)
-            raise ValueError(f"the chat template of {self.directory} rejected the messages: {exc}") from exc
+            raise ValueError(f"{self._template_origin} rejected the messages: {exc}") from exc
         return text
