@@ -48,8 +48,8 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--port", type=int, default=8000,
                        help="port to listen on (default: 8000; 0: any free port, logged at start)")
     group.add_argument("--api-key", default=None,
-                       help=f"require 'Authorization: Bearer <key>' on /v1/ routes (default: ${API_KEY_ENV}, "
-                            "else no key)")
+                       help=f"require 'Authorization: Bearer <key>' on /v1/ routes and the cache flush "
+                            f"(default: ${API_KEY_ENV}, else no key)")
     group.add_argument("--served-model-name", default=None,
                        help="the model name clients send and see (default: the model's name)")
     group.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
@@ -77,6 +77,16 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                             "reasoning_content and reasoning (always on, Qwen3's way under either name)")
     group.add_argument("--enable-reasoning", action="store_true",
                        help="accepted for older vLLM command lines; the reasoning is always split off")
+    # Flags that vLLM command lines for Qwen3 carry and that change nothing here: accepted, so those
+    # command lines run unchanged.
+    group.add_argument("--trust-remote-code", action="store_true",
+                       help="accepted for vLLM's command lines: Qwen3 runs on Cadence's own model code, and "
+                            "a checkpoint's code is never run")
+    group.add_argument("--disable-log-requests", action="store_true",
+                       help="accepted for vLLM's command lines: requests are not logged (see --access-log)")
+    group.add_argument("--disable-log-stats", action="store_true",
+                       help="accepted for vLLM's command lines: no statistics are logged (they are at "
+                            "/metrics)")
     group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     group.add_argument("--access-log", action="store_true", help="log every HTTP request (default: off)")
 

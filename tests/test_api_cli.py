@@ -52,6 +52,12 @@ def test_vllm_and_sglang_reasoning_flags_are_accepted(capsys):
     assert "invalid choice: 'granite'" in capsys.readouterr().err
 
 
+def test_vllm_flags_that_change_nothing_here_are_accepted():
+    args = cli.build_parser().parse_args(["serve", "--trust-remote-code", "--disable-log-requests",
+                                          "--disable-log-stats"])
+    assert args.trust_remote_code and args.disable_log_requests and args.disable_log_stats
+
+
 def test_max_logprobs_reaches_the_engine_config_and_a_negative_one_is_refused():
     from core.config import ConfigError
     from procs.args import config_from_args
