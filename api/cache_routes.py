@@ -7,7 +7,8 @@ What clients use them for: a cold cache between benchmark runs (SGLang's bench_s
 * 200 `{"flushed": true, "freed_pages": N}` when every live replica's cache is now empty.
 * 400 (as SGLang answers) while a request runs or waits on any replica, naming each busy replica;
   nothing is flushed then, and the requests carry on.
-* 503 when the engine does not answer within the info timeout.
+* 503 when the engine does not answer within the info timeout, or its scheduler has not reported
+  for 5 s (the tokenizer answers that at once).
 With an API key they need it, like the /v1/ routes: a flush costs every later request its hits.
 """
 
@@ -21,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from api.client_errors import ClientError
-from api.errors import SERVER_ERROR, error_object
+from api.errors import INVALID_REQUEST, SERVER_ERROR, error_object
 
 FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")
 
@@ -35,7 +36,9 @@ def cache_routes(server: Any) -> list[Route]:
         except ClientError as e:
             return _json(error_object(f"the engine did not answer the flush: {e}", SERVER_ERROR), 503)
         if not answer.flushed:
-            return _json(error_object(answer.error or "the prefix cache was not flushed"), 400)
+            why = answer.error or "the prefix cache was not flushed"
+            kind = SERVER_ERROR if answer.status >= 500 else INVALID_REQUEST
+            return _json(error_object(why, kind), answer.status)
         return _json({"flushed": True, "freed_pages": answer.freed_pages})
 
     return [Route("/flush_cache", flush, methods=["GET", "POST"]),

@@ -148,12 +148,13 @@ class FlushCache:
 @dataclass(frozen=True)
 class CacheFlushed:
     """The answer to FlushCache: `flushed` with the pages freed, or `error` saying why not (requests
-    still running or waiting, named by replica)."""
+    still running or waiting, named by replica: status 400; a scheduler that does not report: 503)."""
 
     query_id: str
     flushed: bool
     freed_pages: int = 0
     error: str | None = None
+    status: int = 400  # the HTTP status of a refusal
 
 
 @message

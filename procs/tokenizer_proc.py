@@ -247,7 +247,7 @@ class TokenizerProcess:
         age = time.monotonic() - self.status_s
         if self.status is None or age >= STATUS_STALE_S:
             self._send(identity, CacheFlushed(query_id, False, error=(
-                f"the scheduler has not reported for {age:.1f} s: the cache was not flushed")))
+                f"the scheduler has not reported for {age:.1f} s: the cache was not flushed"), status=503))
             return
         internal_id = _internal_id(identity, query_id)
         self.flushes[internal_id] = (identity, query_id)

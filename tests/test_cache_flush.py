@@ -9,6 +9,8 @@ vLLM clients call, need the key, and answer a malformed query instead of leaving
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import orjson
@@ -22,6 +24,7 @@ from api.server import ApiConfig, build_app
 from core.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from core.sampling_params import SamplingParams
 from procs.launcher import Launcher, LaunchOptions
+from procs.tokenizer_proc import STATUS_STALE_S
 
 KEY = "flush key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -41,7 +44,7 @@ def system():
         api = ApiConfig(ServedModel("tiny", config.max_model_len, config.model.generation), address,
                         api_key=KEY, timeout_s=60)
         with UvicornThread(build_app(api)) as server, Client(address, timeout_s=60) as client:
-            yield server.port, address, client
+            yield server.port, address, client, launcher
 
 
 def prompts(seed: int, count: int = 6, length: int = 3 * BLOCK + 5) -> list[list[int]]:
@@ -62,7 +65,7 @@ def cached_pages(client: Client) -> list[int]:
 
 
 def test_a_flush_empties_both_replicas_and_the_same_prompts_miss_again(system):
-    port, _, client = system
+    port, _, client, _ = system
     batch = prompts(1)
     cold = client.generate(batch, GREEDY)
     hot = client.generate(batch, GREEDY)
@@ -82,7 +85,7 @@ def test_a_flush_empties_both_replicas_and_the_same_prompts_miss_again(system):
 
 
 def test_a_flush_while_a_request_runs_is_refused_and_the_request_finishes(system):
-    port, _, client = system
+    port, _, client, _ = system
     long = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
     stream = client.stream(prompts(2, count=1)[0], long)
     outputs = [next(stream)]  # it runs: its first token is out
@@ -97,7 +100,7 @@ def test_a_flush_while_a_request_runs_is_refused_and_the_request_finishes(system
 
 
 def test_every_flush_route_needs_the_key_and_flushes(system):
-    port, _, client = system
+    port, _, client, _ = system
     for method, path in (("POST", "/flush_cache"), ("GET", "/flush_cache"), ("POST", "/reset_prefix_cache")):
         call = post if method == "POST" else get
         refused = call(port, path)
@@ -111,7 +114,7 @@ def test_every_flush_route_needs_the_key_and_flushes(system):
 
 
 def test_native_clients_flush_and_hear_why_not(system):
-    _, address, client = system
+    _, address, client, _ = system
     client.generate(prompts(4, count=2), GREEDY)
     answer = client.flush_cache()
     assert answer.flushed and answer.freed_pages >= 2 * 3 and answer.error is None
@@ -135,7 +138,7 @@ def test_native_clients_flush_and_hear_why_not(system):
     (b'{"type": "TokenizerQuery", "body": {"query_id": "q-tokenize", "kind": "nope"}}', "TokenizerAnswer"),
 ])
 def test_a_malformed_query_is_answered_with_what_is_wrong(system, body, answer_type):
-    _, address, _ = system
+    _, address, _, _ = system
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.connect(address)
     try:
@@ -147,3 +150,26 @@ def test_a_malformed_query_is_answered_with_what_is_wrong(system, body, answer_t
     assert answer["type"] == answer_type
     assert answer["body"]["query_id"] == orjson.loads(body)["body"]["query_id"]
     assert "invalid message" in answer["body"]["error"]
+
+
+def test_a_flush_while_the_scheduler_is_stuck_is_answered_at_once_naming_it(system):
+    """Last in this module: its scheduler is stopped (SIGSTOP) and then continued."""
+    port, _, client, launcher = system
+    scheduler = launcher.scheduler.process.pid
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        time.sleep(STATUS_STALE_S + 0.5)  # its last report is now stale
+        asked_s = time.monotonic()
+        answer = client.flush_cache(timeout_s=10)
+        assert time.monotonic() - asked_s < 2
+        assert not answer.flushed and answer.status == 503
+        assert "the scheduler has not reported for" in answer.error
+        reply = post(port, "/flush_cache", headers=AUTH)
+        assert reply.status == 503 and "has not reported" in reply.json()["error"]["message"], reply
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while not client.server_info(10).serving:  # its reports resume
+        assert time.monotonic() < deadline, "the scheduler did not report again after SIGCONT"
+        time.sleep(0.1)
+    assert client.flush_cache(timeout_s=10).flushed
