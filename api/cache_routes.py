@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from api.client_errors import ClientError
 from api.errors import INVALID_REQUEST, SERVER_ERROR, error_object
+from api.json_response import JSONResponse
 
 FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")
 
@@ -34,16 +34,14 @@ def cache_routes(server: Any) -> list[Route]:
         try:
             answer = await server.client.flush_cache(server.config.info_timeout_s)
         except ClientError as e:
-            return _json(error_object(f"the engine did not answer the flush: {e}", SERVER_ERROR), 503)
+            why = f"the engine did not answer the flush: {e}"
+            return JSONResponse(error_object(why, SERVER_ERROR), 503)
         if not answer.flushed:
             why = answer.error or "the prefix cache was not flushed"
             kind = SERVER_ERROR if answer.status >= 500 else INVALID_REQUEST
-            return _json(error_object(why, kind), answer.status)
-        return _json({"flushed": True, "freed_pages": answer.freed_pages})
+            return JSONResponse(error_object(why, kind), answer.status)
+        return JSONResponse({"flushed": True, "freed_pages": answer.freed_pages})
 
     return [Route("/flush_cache", flush, methods=["GET", "POST"]),
             Route("/reset_prefix_cache", flush, methods=["POST"])]
 
-
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")

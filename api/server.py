@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, TypeVar
 
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -47,6 +46,7 @@ from api.async_client import AsyncClient
 from api.cache_routes import FLUSH_PATHS, cache_routes
 from api.client_errors import ClientError
 from api.errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, ApiError, error_object, invalid
+from api.json_response import JSONResponse
 from api.metrics import CONTENT_TYPE, ApiMetrics
 from api.openai_serving import make_call
 from api.protocol import (
@@ -82,13 +82,6 @@ class ApiConfig:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         if self.timeout_s <= 0 or self.info_timeout_s <= 0:
             raise ValueError("timeout_s and info_timeout_s must be positive")
-
-
-class JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
 
 
 class SSEResponse(StreamingResponse):

@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -31,6 +30,7 @@ from api.body_fields import BodyFields, describe, is_token_id
 from api.chat_messages import parse_continue_final_message, parse_messages, parse_template_kwargs
 from api.client_errors import ClientError
 from api.errors import SERVER_ERROR, ApiError, error_object, invalid
+from api.json_response import JSONResponse
 from api.protocol import ServedModel, parse_json_body
 from api.tool_fields import parse_tool_fields
 from ipc.messages import TokenizerQuery
@@ -82,9 +82,6 @@ def _check_model(fields: BodyFields, model: ServedModel) -> None:
         raise ApiError(404, f"the model {name!r} does not exist; this server serves {model.name!r}", "model")
 
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -96,10 +93,10 @@ def tokenizer_routes(server: Any) -> list[Route]:
         try:
             answer = await server.client.ask_tokenizer(query, server.config.info_timeout_s)
         except ClientError as e:
-            return _json(error_object(f"the tokenizer did not answer: {e}", SERVER_ERROR), 503)
+            return JSONResponse(error_object(f"the tokenizer did not answer: {e}", SERVER_ERROR), 503)
         if answer.error is not None:
             raise invalid(answer.error_field, answer.error)
-        return _json(answer.body)
+        return JSONResponse(answer.body)
 
     def body_route(parse: Callable[[Any, ServedModel, str, bool], TokenizerQuery]) -> Handler:
         async def handle(request: Request) -> Response:
