@@ -19,12 +19,10 @@ from procs.replica import Replica
 def flush_caches(replicas: Sequence[Replica], query_id: str, log: logging.Logger) -> CacheFlushed:
     """Empty every live replica's prefix cache, or none of them while any has requests."""
     live = [r for r in replicas if r.alive]
-    busy = [r.scheduler for r in live if r.scheduler.running or r.scheduler.waiting]
+    busy = [reason for r in live if (reason := r.scheduler.busy_reason()) is not None]
     if busy:
-        who = "; ".join(f"replica {s.replica} has {len(s.running)} running and {len(s.waiting)} waiting "
-                        "request(s)" for s in busy)
-        return CacheFlushed(query_id, False, error=f"the prefix cache was not flushed: {who}; flush when "
-                                                   "no request runs or waits")
+        return CacheFlushed(query_id, False, error=f"the prefix cache was not flushed: {'; '.join(busy)}; "
+                                                   "flush when no request runs or waits")
     freed = sum(r.scheduler.flush_prefix_cache() for r in live)
     log.info("flushed the prefix cache of %d replica(s): %d pages freed", len(live), freed)
     return CacheFlushed(query_id, True, freed)

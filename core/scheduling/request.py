@@ -107,6 +107,18 @@ class Request:
         """"stop", "length" or "abort" once finished, else None."""
         return self.status.value if self.status.is_finished else None
 
+    def forget_kv(self) -> None:
+        """Back to waiting with nothing computed, to be recomputed (a preemption, or a move off a dead
+        replica): whatever it held there (pages, row, radix node, chunks in flight) is no longer its."""
+        self.status = RequestStatus.PREEMPTED
+        self.num_computed_tokens = 0
+        self.num_inflight_tokens = self.num_pending_samples = 0  # its chunks in flight are void
+        self.last_step_row = None
+        self.pages = []
+        self.row = None
+        self.cache_node = None
+        self.num_published_pages = 0
+
     def append_token(self, token_id: int) -> None:
         if self.num_tokens == len(self._token_ids):
             grown = np.zeros(2 * len(self._token_ids), np.int32)

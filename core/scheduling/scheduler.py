@@ -139,13 +139,7 @@ class Scheduler:
         """
         requests = [*self.running, *self.waiting]
         for request in requests:
-            request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
-            request.pages = []
-            request.row = None
-            request.cache_node = None
-            request.num_inflight_tokens = request.num_pending_samples = 0
-            request.last_step_row = None
+            request.forget_kv()
         self.running, self.waiting, self._requests = [], deque(), {}
         self._in_flight.clear()
         return requests
@@ -161,12 +155,18 @@ class Scheduler:
         self.waiting.appendleft(request)
         self.counts.num_preempted += 1
 
+    def busy_reason(self) -> str | None:
+        """Why this replica's prefix cache may not be flushed now (its requests), or None."""
+        if not self._requests:
+            return None
+        return (f"replica {self.replica} has {len(self.running)} running and {len(self.waiting)} "
+                "waiting request(s)")
+
     def flush_prefix_cache(self) -> int:
         """Drop every cached page; returns how many were freed. Only while no request runs or waits
         (SchedulerError says how many do): afterwards the pool is all free."""
-        if self._requests:
-            raise SchedulerError(f"replica {self.replica} has {len(self.running)} running and "
-                                 f"{len(self.waiting)} waiting request(s)")
+        if (busy := self.busy_reason()) is not None:
+            raise SchedulerError(busy)
         freed = self.cache.num_pages
         self.cache.reset()
         return freed
@@ -381,9 +381,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self._pages.release(request, publish=True)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_inflight_tokens = request.num_pending_samples = 0  # its chunks in flight are void
+        request.forget_kv()
         request.num_preemptions += 1
         self.waiting.appendleft(request)
         self.counts.num_preempted += 1
