@@ -125,6 +125,8 @@ class TokenizerProcess:
                 return
             self.receive_from_clients()
             self.receive_from_scheduler()
+            if self.flushes:
+                self.give_up_flushes()
 
     # --- clients -> scheduler -------------------------------------------------------------------
 
@@ -252,6 +254,18 @@ class TokenizerProcess:
         internal_id = _internal_id(identity, query_id)
         self.flushes[internal_id] = (identity, query_id)
         self.to_scheduler.send(FlushCache(internal_id))
+
+    def give_up_flushes(self) -> None:
+        """Answer the flushes forwarded to a scheduler that has since gone silent (503, as when it was
+        silent before), rather than keep them until it speaks again."""
+        age = time.monotonic() - self.status_s
+        if age < STATUS_STALE_S:
+            return
+        for identity, query_id in self.flushes.values():
+            self._send(identity, CacheFlushed(query_id, False, error=(
+                f"the scheduler has not reported for {age:.1f} s since the flush was asked for: whether "
+                "the cache was flushed is unknown"), status=503))
+        self.flushes.clear()
 
     def abort(self, internal_id: str) -> None:
         if internal_id in self.streams:

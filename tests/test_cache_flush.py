@@ -158,7 +158,13 @@ def test_a_flush_while_the_scheduler_is_stuck_is_answered_at_once_naming_it(syst
     scheduler = launcher.scheduler.process.pid
     os.kill(scheduler, signal.SIGSTOP)
     try:
-        time.sleep(STATUS_STALE_S + 0.5)  # its last report is now stale
+        # Asked while its last report is fresh: forwarded, then given up once the reports stop.
+        asked_s = time.monotonic()
+        answer = client.flush_cache(timeout_s=STATUS_STALE_S + 5)
+        assert STATUS_STALE_S - 1 < time.monotonic() - asked_s < STATUS_STALE_S + 2
+        assert not answer.flushed and answer.status == 503
+        assert "since the flush was asked for" in answer.error and "unknown" in answer.error
+        time.sleep(0.5)  # its last report is now stale
         asked_s = time.monotonic()
         answer = client.flush_cache(timeout_s=10)
         assert time.monotonic() - asked_s < 2
