@@ -28,6 +28,10 @@ _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a bo
 
 
 def describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dict | list) and not value:
+        return f"an empty {'object' if isinstance(value, dict) else 'array'}"
     kind = _JSON_TYPES.get(type(value), type(value).__name__)
     shown = orjson.dumps(value).decode() if not isinstance(value, dict | list) else ""
     if len(shown) > 40:

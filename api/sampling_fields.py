@@ -25,8 +25,11 @@ def _parse_stop(fields: BodyFields) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+    if not isinstance(stops, list):
         raise invalid("stop", f"'stop' must be a non-empty string or an array of them, got {describe(stop)}")
+    for i, s in enumerate(stops):
+        if not isinstance(s, str) or not s:
+            raise invalid("stop", f"'stop[{i}]' must be a non-empty string, got {describe(s)}")
     if len(stops) > MAX_STOP_STRINGS:
         raise invalid("stop", f"'stop' has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed")
     return tuple(stops)
