@@ -1,10 +1,11 @@
 """The `messages` of a chat completion request and its chat-template arguments, checked.
 
-Roles are OpenAI's (system, user, assistant, tool); content is a string or an array of text parts
-(joined with newlines); an assistant turn's `reasoning_content` (or `reasoning`, vLLM's name) and
-`tool_calls` (OpenAI's {"id", "type": "function", "function": {"name", "arguments"}}, arguments as
-JSON text) travel as fields of their own of the ChatTurn, for the tokenizer process's chat
-template. Non-text parts are refused, naming the field.
+Roles are OpenAI's (system, developer, user, assistant, tool: Qwen3's template knows no developer,
+so a developer message is rendered as a system one, which is how OpenAI treats it); content is a
+string or an array of text parts (joined with newlines); an assistant turn's `reasoning_content`
+(or `reasoning`, vLLM's name) and `tool_calls` (OpenAI's {"id", "type": "function", "function":
+{"name", "arguments"}}, arguments as JSON text) travel as fields of their own of the ChatTurn, for
+the tokenizer process's chat template. Non-text parts are refused, naming the field.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from core.tokenizer.chat_template import parse_messages as parse_template_messag
 from ipc.messages import ChatTurn, ToolCallTurn
 from procs.prompt_checks import template_message
 
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 _MESSAGE_FIELDS = frozenset({"role", "content", "name", "reasoning", "reasoning_content", "tool_call_id",
                              "tool_calls"})
 

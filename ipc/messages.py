@@ -43,7 +43,7 @@ class ToolCallTurn:
 class ChatTurn:
     """One message of a chat, as the client sent it; the tokenizer process renders the chat."""
 
-    role: str  # "system", "user", "assistant" or "tool"
+    role: str  # "system", "developer" (rendered as system), "user", "assistant" or "tool"
     content: str  # an assistant turn's answer only: its reasoning, if given, is in reasoning_content
     reasoning_content: str | None = None  # an assistant turn's reasoning, for the chat template
     tool_calls: list[ToolCallTurn] | None = None  # an assistant turn's function calls

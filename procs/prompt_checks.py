@@ -69,8 +69,10 @@ def prompt_for_params(ids: list[int], params: SamplingParams, vocab_size: int,
 
 def template_message(turn: ChatTurn) -> dict[str, Any]:
     """A chat turn as the chat template takes it (tool calls in OpenAI's form); reasoning_content
-    and tool_calls only where the client gave them."""
-    message: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    and tool_calls only where the client gave them. OpenAI's developer role is the system one (coding
+    agents send it for reasoning models; Qwen3's template would drop it without a word)."""
+    role = "system" if turn.role == "developer" else turn.role
+    message: dict[str, Any] = {"role": role, "content": turn.content}
     if turn.reasoning_content is not None:
         message["reasoning_content"] = turn.reasoning_content
     if turn.tool_calls:

@@ -223,6 +223,22 @@ def test_tokenize_a_chat_counts_the_chat_completions_prompt(system):
         assert counted["count"] == served["usage"]["prompt_tokens"], extra
 
 
+def test_a_developer_message_is_rendered_as_a_system_one(system):
+    """OpenAI's developer role (coding agents send it to reasoning models) is the system role."""
+    port, _ = system
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    for extra in ({}, {"tools": tools}):
+        ids = {role: post(port, "/tokenize", {"messages": [{"role": role, "content": "Be brief."}, *HELLO],
+                                              **extra}).json()["tokens"]
+               for role in ("developer", "system")}
+        assert ids["developer"] == ids["system"], extra
+        system_turn = load_tokenizer(None).encode("<|im_start|>system\n")
+        assert ids["system"][:len(system_turn)] == system_turn
+        body = {"messages": [{"role": "developer", "content": "Be brief."}, *HELLO], "max_tokens": 1, **extra}
+        reply = post(port, "/v1/chat/completions", body).json()
+        assert reply["usage"]["prompt_tokens"] == len(ids["system"])
+
+
 def test_return_token_ids_are_the_tokenizers_prompt_and_the_sampled_tokens(system):
     """vLLM's return_token_ids through the real processes: a chat's prompt ids are what /tokenize
     renders for its messages, a greedy stream's token ids join to the whole reply's, and they
