@@ -33,6 +33,7 @@ class ChoiceState:
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
+        self.num_reasoning_tokens = 0  # chat: output tokens from <think> to </think>, both included
         self.finished = False
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

@@ -67,6 +67,10 @@ class _Call:
                          for i, r in enumerate(parsed.requests)}
 
     @property
+    def stream(self) -> bool:
+        return self.parsed.stream
+
+    @property
     def choices(self) -> list[ChoiceState]:
         return sorted(self._choices.values(), key=lambda c: c.index)
 
@@ -109,37 +113,41 @@ class _Call:
 
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE stream: opening chunks, a chunk per output, the usage chunk, [DONE]."""
+        async for chunk in self.chunks():
+            yield responses.sse(chunk)
+        yield responses.SSE_DONE
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """What `events` sends, as objects: the chunks, or an `{"error": ...}` object that ends them
+        (/v1/responses renders these as its own events)."""
         try:
-            failed = False
             # The opening chunks go out with the first output, as vLLM's do, not with the headers.
             if not self._peeked and self._pending:
                 try:
                     self._peeked.append(await self._next())
                 except ApiError as e:
-                    yield responses.sse(e.to_dict())
-                    failed = True
-            for chunk in [] if failed else self._opening_chunks():
-                yield responses.sse(chunk)
-            while self._pending and not failed:
+                    yield e.to_dict()
+                    return
+            for chunk in self._opening_chunks():
+                yield chunk
+            while self._pending:
                 try:
                     output = await self._next()
                 except ApiError as e:
-                    yield responses.sse(e.to_dict())
-                    failed = True
-                    break
+                    yield e.to_dict()
+                    return
                 choice = self._choices[output.request_id]
                 choice.update(output, time.monotonic())
                 for chunk in self._chunks(choice, output):
                     if self.parsed.continuous_usage:
                         chunk["usage"] = self._usage()
-                    yield responses.sse(chunk)
+                    yield chunk
                 if output.error is not None:
-                    message = f"the engine ended request {output.request_id}: {output.error}"
-                    yield responses.sse(error_object(message, SERVER_ERROR))
-                    failed = True
-            if not failed and self.parsed.include_usage:
-                yield responses.sse(self._chunk([], usage=self._usage()))
-            yield responses.SSE_DONE
+                    yield error_object(f"the engine ended request {output.request_id}: {output.error}",
+                                       SERVER_ERROR)
+                    return
+            if self.parsed.include_usage:
+                yield self._chunk([], usage=self._usage())
         finally:
             self.close()
 
@@ -287,7 +295,10 @@ class ChatCall(_Call):
 
     def _split(self, choice: ChoiceState, output: OutputDelta) -> tuple[str, str, list[dict[str, Any]]]:
         assert choice.splitter is not None
+        was_thinking = choice.splitter.thinking
         reasoning, content = choice.splitter.feed(output.text)
+        if was_thinking or choice.splitter.thinking:
+            choice.num_reasoning_tokens += len(output.token_ids)
         if output.finished:
             tail = choice.splitter.finish()
             reasoning, content = reasoning + tail.reasoning, content + tail.content

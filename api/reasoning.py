@@ -34,6 +34,11 @@ class ReasoningSplitter:
         self._reasoning_started = False  # newlines are dropped until reasoning text begins
         self._answer_started = False  # likewise for the answer after </think>
 
+    @property
+    def thinking(self) -> bool:
+        """Inside the think block: text fed now is reasoning."""
+        return self._state == "reasoning"
+
     def feed(self, text: str) -> Split:
         if self._state == "start":
             self._held += text

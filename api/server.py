@@ -3,6 +3,8 @@
 Routes:
 * POST /v1/completions, POST /v1/chat/completions: stream true (SSE) or false; see
   api/openai_serving.py for how one call runs, api/protocol.py for what a body may hold.
+* POST /v1/responses: OpenAI's Responses API, served as a chat completion (api/responses_request.py,
+  api/responses_call.py); nothing is stored, so each request carries its whole conversation.
 * GET /v1/models: the one served model; GET /v1/models/{id}: it again, or 404.
 * GET /get_model_info, /model_info, /get_server_info, /server_info: the SGLang runtime's names for
   what the model is, which the SGLang Model Gateway (`sglang_router`) asks every worker it
@@ -57,6 +59,8 @@ from api.protocol import (
     parse_json_body,
 )
 from api.request_id import RequestIdEcho
+from api.responses_call import ResponsesCall
+from api.responses_request import parse_responses_body
 from api.tokenizer_routes import tokenizer_routes
 from ipc.messages import ReplicaInfo
 
@@ -158,24 +162,37 @@ class ApiServer:
     # --- generation ----------------------------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
-        return await self._serve(request, parse_completion_request, "cmpl")
+        return await self._serve(request, lambda body, start_s: self._call(body, parse_completion_request,
+                                                                           "cmpl", start_s))
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._serve(request, parse_chat_request, "chatcmpl")
+        return await self._serve(request, lambda body, start_s: self._call(body, parse_chat_request,
+                                                                           "chatcmpl", start_s))
 
-    async def _serve(self, request: Request, parse: Callable[..., ParsedRequest], id_prefix: str) -> Response:
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API, served as the chat completion it asks for (api/responses_request.py)."""
+        def build(body: Any, start_s: float) -> ResponsesCall:
+            asked = parse_responses_body(body)
+            return ResponsesCall(asked, self._call(asked.chat_body, parse_chat_request, "chatcmpl", start_s))
+        return await self._serve(request, build)
+
+    def _call(self, body: Any, parse: Callable[..., ParsedRequest], id_prefix: str, start_s: float) -> Any:
+        call_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        parsed = parse(body, self.config.model, call_id, strict_fields=self.config.strict_request_fields)
+        return make_call(parsed, self.client, self.metrics, call_id, start_s)
+
+    async def _serve(self, request: Request, build: Callable[[Any, float], Any]) -> Response:
+        """Run one generation call (`build` makes it from the body): SSE or a whole JSON response."""
         start_s = time.monotonic()
         try:
             body = parse_json_body(await self.read_body(request))
         except ClientDisconnect:
             return Response(status_code=499)  # gone before its body arrived; nothing was sent yet
-        call_id = f"{id_prefix}-{uuid.uuid4().hex}"
-        parsed = parse(body, self.config.model, call_id, strict_fields=self.config.strict_request_fields)
-        call = make_call(parsed, self.client, self.metrics, call_id, start_s)
+        call = build(body, start_s)
         streaming = False
         try:
             await _unless_disconnected(request, call.start())
-            if parsed.stream:
+            if call.stream:
                 streaming = True  # from here the response owns the call and closes it
                 return SSEResponse(call.events(), on_close=call.close)
             return JSONResponse(await _unless_disconnected(request, call.collect()))
@@ -314,6 +331,7 @@ def build_app(config: ApiConfig) -> Starlette:
     routes = [
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+        Route("/v1/responses", server.responses, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", server.model, methods=["GET"]),
         *(Route(path, server.model_info, methods=["GET"])

@@ -255,7 +255,7 @@ class FakeTokenizer:
     def _advance(self, gen: _Generation) -> tuple[str, str | int | None] | None:
         """Generate one token; (finish_reason, stop_reason) when that ends the request."""
         params = gen.params
-        if "ENGINE_ERROR" in (gen.request.prompt or "") and len(gen.token_ids) == 2:
+        if "ENGINE_ERROR" in _prompt_text(gen.request) and len(gen.token_ids) == 2:
             return ("abort", None)
         piece = next(gen.pieces, None)
         if piece is None:
@@ -318,7 +318,7 @@ class FakeTokenizer:
 
     def _finish(self, router: RouterChannel, gen: _Generation, finish_reason: str,
                 stop_reason: str | int | None = None) -> None:
-        error = ENGINE_ERROR if "ENGINE_ERROR" in (gen.request.prompt or "") else None
+        error = ENGINE_ERROR if "ENGINE_ERROR" in _prompt_text(gen.request) else None
         self._flush(router, gen, finish_reason, stop_reason, error)
 
     def _send(self, router: RouterChannel, identity: bytes, message: object) -> bool:
