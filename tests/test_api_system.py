@@ -239,6 +239,21 @@ def test_a_developer_message_is_rendered_as_a_system_one(system):
         assert reply["usage"]["prompt_tokens"] == len(ids["system"])
 
 
+def test_a_responses_call_runs_through_the_engine_as_its_chat_completion(system):
+    port, _ = system
+    messages = [{"role": "system", "content": "Be brief."}, *HELLO]
+    counted = post(port, "/tokenize", {"messages": messages}).json()["count"]
+    reply = post(port, "/v1/responses", {"input": HELLO, "instructions": "Be brief.", "max_output_tokens": 4,
+                                         "temperature": 0}).json()
+    assert reply["status"] == "incomplete" and reply["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert reply["usage"]["input_tokens"] == counted and reply["usage"]["output_tokens"] == 4
+    chat = post(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 4,
+                                               "temperature": 0}).json()
+    texts = [part["text"] for item in reply["output"] for part in item.get("content", [])]
+    message = chat["choices"][0]["message"]
+    assert texts == [t for t in (message["reasoning_content"], message["content"]) if t]
+
+
 def test_return_token_ids_are_the_tokenizers_prompt_and_the_sampled_tokens(system):
     """vLLM's return_token_ids through the real processes: a chat's prompt ids are what /tokenize
     renders for its messages, a greedy stream's token ids join to the whole reply's, and they
