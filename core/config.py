@@ -24,6 +24,7 @@ from core.quantization import (
     read_quantization_config,
 )
 from core.registry import LINEAR_METHODS, MODEL_TYPES, attention_backend_choices
+from core.rope_scaling import RopeScalingError, YarnScaling, read_rope_scaling
 from core.sampling_params import DEFAULT_MAX_LOGPROBS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -43,6 +44,7 @@ class ModelConfig:
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 40960
+    rope_scaling: YarnScaling | None = None  # config.json's YaRN (core/rope_scaling.py); None: plain RoPE
     tie_word_embeddings: bool = False
     bos_token_id: int | None = 151643
     eos_token_id: int | None = 151645
@@ -88,6 +90,12 @@ class ModelConfig:
             raise ConfigError(f"model {self.name}: load format safetensors needs a model directory")
 
     @property
+    def max_positions(self) -> int:
+        """The longest context the model computes: max_position_embeddings, or YaRN's scaled one."""
+        scaled = self.rope_scaling.max_positions if self.rope_scaling is not None else 0
+        return max(self.max_position_embeddings, scaled)
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -116,14 +124,16 @@ class ModelConfig:
         return self if fmt is None else replace(self, quantization=method, quantization_config=fmt)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **overrides) -> ModelConfig:
-        """Read a Hugging Face model directory's config.json (and generation_config.json)."""
+    def from_pretrained(cls, path: str | os.PathLike, hf_overrides: dict | None = None,
+                        **overrides) -> ModelConfig:
+        """Read a Hugging Face model directory's config.json (and generation_config.json);
+        `hf_overrides` replaces config.json's fields of the same names (vLLM's --hf-overrides)."""
         directory = Path(path)
         config_file = directory / "config.json"
         if not config_file.is_file():
             raise ConfigError(f"{directory} is not a model directory: it has no config.json")
         try:
-            hf = json.loads(config_file.read_text())
+            hf = {**json.loads(config_file.read_text()), **(hf_overrides or {})}
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read {config_file}: {exc}") from exc
         model_type = hf.get("model_type")
@@ -145,9 +155,10 @@ class ModelConfig:
             raise ConfigError(f"{config_file}: attention_bias=true is not supported by Cadence's Qwen3")
         if hf.get("use_sliding_window", False):
             raise ConfigError(f"{config_file}: use_sliding_window=true is not supported by Cadence's Qwen3")
-        rope_scaling = hf.get("rope_scaling") or {}
-        if rope_scaling.get("rope_type", rope_scaling.get("type", "default")) != "default":
-            raise ConfigError(f"{config_file}: rope_scaling {hf['rope_scaling']} is not supported")
+        try:
+            rope_scaling = read_rope_scaling(hf, str(config_file))
+        except RopeScalingError as exc:
+            raise ConfigError(str(exc)) from None
         try:
             num_heads = hf["num_attention_heads"]
             hidden_size = hf["hidden_size"]
@@ -165,6 +176,7 @@ class ModelConfig:
                     "rope_theta", 1_000_000.0))),
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=hf.get("max_position_embeddings", 40960),
+                rope_scaling=rope_scaling,
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 bos_token_id=hf.get("bos_token_id"),
                 eos_token_id=eos[0] if isinstance(eos, list) else eos,
@@ -180,15 +192,39 @@ class ModelConfig:
         return cls(**{**fields, **overrides})
 
     @classmethod
-    def from_name(cls, name_or_path: str, **overrides) -> ModelConfig:
-        """A preset name (`qwen3-14b`, `qwen3-tiny`) or a model directory."""
+    def from_name(cls, name_or_path: str, hf_overrides: dict | None = None, **overrides) -> ModelConfig:
+        """A preset name (`qwen3-14b`, `qwen3-tiny`) or a model directory; `hf_overrides` as in
+        from_pretrained (a preset, which has no config.json, takes only its context fields)."""
         if name_or_path in PRESETS:
-            return replace(PRESETS[name_or_path], **overrides)
+            return replace(_preset_with(PRESETS[name_or_path], hf_overrides or {}), **overrides)
         if Path(name_or_path).is_dir():
-            return cls.from_pretrained(name_or_path, **overrides)
+            return cls.from_pretrained(name_or_path, hf_overrides, **overrides)
         raise ConfigError(
             f"{name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a model directory"
         )
+
+
+# The config.json fields a preset's --hf-overrides may set: its context (YaRN for long prompts).
+_PRESET_OVERRIDES = ("max_position_embeddings", "rope_scaling", "rope_parameters")
+
+
+def _preset_with(preset: ModelConfig, hf_overrides: dict) -> ModelConfig:
+    unknown = sorted(set(hf_overrides) - set(_PRESET_OVERRIDES))
+    if unknown:
+        raise ConfigError(f"--hf-overrides: the preset {preset.name} takes only "
+                          f"{', '.join(_PRESET_OVERRIDES)}; got {', '.join(unknown)} (serve a model "
+                          "directory to override other fields)")
+    if not hf_overrides:
+        return preset
+    hf = {"max_position_embeddings": preset.max_position_embeddings, **hf_overrides}
+    try:
+        scaling = read_rope_scaling(hf, "--hf-overrides")
+    except RopeScalingError as exc:
+        raise ConfigError(str(exc)) from None
+    if not isinstance(hf["max_position_embeddings"], int) or isinstance(hf["max_position_embeddings"], bool):
+        raise ConfigError(f"--hf-overrides: max_position_embeddings must be an integer, got "
+                          f"{hf['max_position_embeddings']!r}")
+    return replace(preset, max_position_embeddings=hf["max_position_embeddings"], rope_scaling=scaling)
 
 
 def _quantization_names() -> str:
@@ -351,17 +387,20 @@ class EngineConfig:
         if problem:
             raise ConfigError(f"model {m.name} in FP8: {problem}")
         max_len = self.scheduler.max_model_len
-        if max_len is not None and max_len > m.max_position_embeddings:
+        if max_len is not None and max_len > m.max_positions:
+            yarn = m.rope_scaling
+            scaled = (f" (YaRN: {yarn.original_max_position_embeddings} x {yarn.factor:g})" if yarn
+                      else " (max_position_embeddings)")
             raise ConfigError(
-                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-                f"{m.max_position_embeddings}: lower --max-model-len"
+                f"max_model_len {max_len} exceeds the model's context of {m.max_positions} positions"
+                f"{scaled}: lower --max-model-len"
             )
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ConfigError(f"unknown device {self.device!r}: use cpu or cuda")
 
     @property
     def max_model_len(self) -> int:
-        return self.scheduler.max_model_len or self.model.max_position_embeddings
+        return self.scheduler.max_model_len or self.model.max_positions
 
 
 def _divides_all(m: ModelConfig, d: int) -> bool:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from core.config import (
     KV_CACHE_DTYPES,
@@ -38,6 +39,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--chat-template", default=None,
                        help="a Jinja chat template, or a file holding one, rendered instead of the "
                             "tokenizer's (default: the checkpoint's template, else Qwen3's ChatML)")
+    group.add_argument("--hf-overrides", "--json-model-override-args", type=_json_object, default=None,
+                       help="a JSON object of config.json fields to replace (vLLM's flag; SGLang's name "
+                            "too), such as Qwen3's YaRN: '{\"rope_scaling\": {\"rope_type\": \"yarn\", "
+                            "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}}'")
     group.add_argument("--tensor-parallel-size", "--tp", "-tp", type=int, default=1, dest="tp",
                        help="ranks one replica is split across (default: 1)")
     group.add_argument("--data-parallel-size", "--dp", "-dp", type=int, default=1, dest="dp",
@@ -108,6 +113,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _json_object(text: str) -> dict:
+    """--hf-overrides' value: a JSON object, or argparse's error naming what is wrong."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
 def default_device() -> str:
     import torch
 
@@ -120,7 +136,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     dtype = args.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
-    model = ModelConfig.from_name(args.model, dtype=dtype, load_format=args.load_format)
+    model = ModelConfig.from_name(args.model, args.hf_overrides, dtype=dtype, load_format=args.load_format)
     if args.load_format == "safetensors" and model.model_path is None:
         raise ConfigError(f"--load-format safetensors needs a model directory, not the preset {args.model}")
     if args.quantization is not None:

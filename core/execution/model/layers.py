@@ -19,6 +19,8 @@ from core.execution.mkl_vml import resolve_vml_dispatch
 from core.execution.model.checkpoint_slice import CheckpointSlice, SliceMap
 from core.execution.model.fused import add_rms_norm, rms_norm
 from core.execution.model.linear_method import LinearMethod
+from core.execution.model.yarn import yarn_attention_factor, yarn_inv_freq
+from core.rope_scaling import YarnScaling
 
 
 class RMSNorm(nn.Module):
@@ -167,13 +169,19 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 class RotaryEmbedding(nn.Module):
     """Qwen3's RoPE (rotate-half form): cos/sin precomputed in float32 for every position, applied
-    together with the q/k norm by `core.execution.model.fused.qk_norm_rope`."""
+    together with the q/k norm by `core.execution.model.fused.qk_norm_rope`. With YaRN scaling the
+    frequencies are YaRN's and both tables carry its attention factor (core/execution/model/yarn.py)."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 scaling: YarnScaling | None = None) -> None:
         super().__init__()
         resolve_vml_dispatch()  # the tables are often a process's first sizable cos and sin (mkl_vml.py)
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        if scaling is None:
+            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+            factor = 1.0
+        else:
+            inv_freq, factor = yarn_inv_freq(head_dim, theta, scaling), yarn_attention_factor(scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         # [max_positions, head_dim / 2] each; not parameters, not in the checkpoint.
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.register_buffer("cos", freqs.cos() * factor, persistent=False)
+        self.register_buffer("sin", freqs.sin() * factor, persistent=False)

@@ -136,7 +136,8 @@ class Qwen3Model(nn.Module):
         self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i, tp, linear, f"{prefix}.layers.{i}")
                                     for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.rope = RotaryEmbedding(config.head_dim, config.max_positions, config.rope_theta,
+                                    config.rope_scaling)
 
     def forward(self, input_ids, positions, kv_cache, backend, meta) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden]
