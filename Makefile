@@ -14,7 +14,7 @@ install:
 	$(PIP) install -q -e .
 
 # The test extra besides: pytest, ruff, import-linter, triton (kernels under its interpreter),
-# hypothesis, the SGLang Model Gateway and the openai client.
+# hypothesis, the SGLang Model Gateway and the openai and anthropic clients.
 install-test: install
 	$(PIP) install -q -e ".[test]"
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from api.chat_dialect import ChatDialectCall, reply_parts
 from api.openai_serving import ChatCall
 from api.responses_request import ResponsesRequest
 
@@ -95,6 +96,12 @@ class _Output:
                        "content_index": 0, "part": dict(part)},
                 {"type": "response.output_item.done", "output_index": index, "item": _copy(item)}]
 
+    def add(self, kind: str, value: Any) -> list[dict[str, Any]]:
+        """A part of the reply (api/chat_dialect.py `reply_parts`): its events."""
+        if kind == "call":
+            return self.call(value)
+        return self.text("reasoning" if kind == "reasoning" else "message", value)
+
     def call(self, tool_call: dict[str, Any]) -> list[dict[str, Any]]:
         """A whole function call (the parser gives them whole): its item's four events."""
         events = self.close()
@@ -117,40 +124,24 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
     return item | {"content": [dict(part) for part in item.get("content", [])]}
 
 
-class ResponsesCall:
+class ResponsesCall(ChatDialectCall):
     """POST /v1/responses, served as the chat completion `request.chat_body` asks for."""
 
     def __init__(self, request: ResponsesRequest, chat: ChatCall) -> None:
+        super().__init__(chat)
         self.request = request
-        self.chat = chat
         if chat.parsed.max_tokens_field == "max_completion_tokens":  # a refusal names the client's field
             chat.parsed = dataclasses.replace(chat.parsed, max_tokens_field="max_output_tokens")
         self.response_id = _item_id("resp")
         self.created = int(time.time())
 
-    @property
-    def stream(self) -> bool:
-        return self.chat.stream
-
-    async def start(self) -> None:
-        await self.chat.start()
-
-    def close(self) -> None:
-        self.chat.close()
-
     async def collect(self) -> dict[str, Any]:
-        reply = await self.chat.collect()
-        choice = reply["choices"][0]
-        message = choice["message"]
+        choice, usage = await self.whole_reply()
         output = _Output()
-        if message.get("reasoning_content"):
-            output.text("reasoning", message["reasoning_content"])
-        if message.get("content"):
-            output.text("message", message["content"])
-        for call in message.get("tool_calls") or []:
-            output.call(call)
+        for kind, value in reply_parts(choice["message"]):
+            output.add(kind, value)
         output.close("incomplete" if choice["finish_reason"] == "length" else "completed")
-        return self._response(output.items, choice["finish_reason"], reply["usage"])
+        return self._response(output.items, choice["finish_reason"], usage)
 
     async def events(self) -> AsyncIterator[bytes]:
         sequence = 0
@@ -179,14 +170,9 @@ class ResponsesCall:
             if chunk.get("usage") is not None:
                 usage = chunk["usage"]
             for choice in chunk["choices"]:
-                delta = choice["delta"]
                 events = []
-                if delta.get("reasoning_content"):
-                    events += output.text("reasoning", delta["reasoning_content"])
-                if delta.get("content"):
-                    events += output.text("message", delta["content"])
-                for call in delta.get("tool_calls") or []:
-                    events += output.call(call)
+                for kind, value in reply_parts(choice["delta"]):
+                    events += output.add(kind, value)
                 if choice.get("finish_reason") is not None:
                     finish_reason = choice["finish_reason"]
                     events += output.close("incomplete" if finish_reason == "length" else "completed")

@@ -5,6 +5,8 @@ Routes:
   api/openai_serving.py for how one call runs, api/protocol.py for what a body may hold.
 * POST /v1/responses: OpenAI's Responses API, served as a chat completion (api/responses_request.py,
   api/responses_call.py); nothing is stored, so each request carries its whole conversation.
+* POST /v1/messages: Anthropic's Messages API, the same way (api/anthropic_request.py,
+  api/anthropic_call.py), its errors in Anthropic's form; the key may come as `x-api-key`.
 * GET /v1/models: the one served model; GET /v1/models/{id}: it again, or 404.
 * GET /get_model_info, /model_info, /get_server_info, /server_info: the SGLang runtime's names for
   what the model is, which the SGLang Model Gateway (`sglang_router`) asks every worker it
@@ -44,6 +46,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.anthropic_call import MessagesCall
+from api.anthropic_request import parse_messages_body
 from api.async_client import AsyncClient
 from api.cache_routes import FLUSH_PATHS, cache_routes
 from api.client_errors import ClientError
@@ -113,11 +117,15 @@ class _ApiKeyCheck:
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
+        self._expected_key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in FLUSH_PATHS):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"")
+            # Anthropic's clients send the key as x-api-key.
+            if not (hmac.compare_digest(given, self._expected)
+                    or hmac.compare_digest(headers.get(b"x-api-key", b""), self._expected_key)):
                 message = ("missing Authorization header; send 'Authorization: Bearer <api key>'" if not given
                            else "invalid API key in the Authorization header")
                 response = JSONResponse(error_object(message, AUTHENTICATION), status_code=401,
@@ -175,6 +183,21 @@ class ApiServer:
             asked = parse_responses_body(body)
             return ResponsesCall(asked, self._call(asked.chat_body, parse_chat_request, "chatcmpl", start_s))
         return await self._serve(request, build)
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API, served as the chat completion it asks for
+        (api/anthropic_request.py); its errors in Anthropic's form."""
+        def build(body: Any, start_s: float) -> MessagesCall:
+            asked = parse_messages_body(body)
+            return MessagesCall(asked, self._call(asked.chat_body, parse_chat_request, "chatcmpl", start_s))
+        try:
+            return await self._serve(request, build)
+        except ApiError as e:
+            kinds = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large",
+                     429: "rate_limit_error", 503: "overloaded_error", 504: "api_error"}
+            kind = kinds.get(e.status, "invalid_request_error" if e.status < 500 else "api_error")
+            return JSONResponse({"type": "error", "error": {"type": kind, "message": e.message}},
+                                status_code=e.status)
 
     def _call(self, body: Any, parse: Callable[..., ParsedRequest], id_prefix: str, start_s: float) -> Any:
         call_id = f"{id_prefix}-{uuid.uuid4().hex}"
@@ -332,6 +355,7 @@ def build_app(config: ApiConfig) -> Starlette:
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/responses", server.responses, methods=["POST"]),
+        Route("/v1/messages", server.messages, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", server.model, methods=["GET"]),
         *(Route(path, server.model_info, methods=["GET"])

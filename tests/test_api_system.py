@@ -239,19 +239,26 @@ def test_a_developer_message_is_rendered_as_a_system_one(system):
         assert reply["usage"]["prompt_tokens"] == len(ids["system"])
 
 
-def test_a_responses_call_runs_through_the_engine_as_its_chat_completion(system):
+def test_responses_and_messages_calls_run_through_the_engine_as_their_chat_completion(system):
+    """/v1/responses and /v1/messages: the prompt is the chat's as /tokenize counts it, the greedy
+    reply the chat completion's, cut by the token limit as each API says."""
     port, _ = system
     messages = [{"role": "system", "content": "Be brief."}, *HELLO]
     counted = post(port, "/tokenize", {"messages": messages}).json()["count"]
+    chat = post(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 4,
+                                               "temperature": 0}).json()["choices"][0]["message"]
+    expected = [t for t in (chat["reasoning_content"], chat["content"]) if t]
     reply = post(port, "/v1/responses", {"input": HELLO, "instructions": "Be brief.", "max_output_tokens": 4,
                                          "temperature": 0}).json()
     assert reply["status"] == "incomplete" and reply["incomplete_details"] == {"reason": "max_output_tokens"}
     assert reply["usage"]["input_tokens"] == counted and reply["usage"]["output_tokens"] == 4
-    chat = post(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 4,
-                                               "temperature": 0}).json()
-    texts = [part["text"] for item in reply["output"] for part in item.get("content", [])]
-    message = chat["choices"][0]["message"]
-    assert texts == [t for t in (message["reasoning_content"], message["content"]) if t]
+    assert [part["text"] for item in reply["output"] for part in item.get("content", [])] == expected
+    message = post(port, "/v1/messages", {"messages": HELLO, "system": "Be brief.", "max_tokens": 4,
+                                          "temperature": 0}).json()
+    assert message["type"] == "message" and message["stop_reason"] == "max_tokens"
+    usage = message["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == counted and usage["output_tokens"] == 4
+    assert [block.get("thinking", block.get("text")) for block in message["content"]] == expected
 
 
 def test_return_token_ids_are_the_tokenizers_prompt_and_the_sampled_tokens(system):
