@@ -15,18 +15,23 @@ from core.config import CacheConfig, EngineConfig, ModelConfig
 from core.execution.runner import ModelRunner
 from core.execution.sampling_noise import exponential_noise
 
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
+
+@pytest.mark.parametrize("rope", [None, YARN], ids=["rope", "yarn"])
 @pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-4), ("bfloat16", 3e-2)])
-def test_cuda_logits_match_transformers(tmp_path, dtype, tolerance):
-    hf = build_tiny_checkpoint(tmp_path, seed=4).to("cuda", getattr(torch, dtype))
+def test_cuda_logits_match_transformers(tmp_path, dtype, tolerance, rope):
+    """With YaRN, a prompt of 150 tokens runs past the original context of 64."""
+    hf = build_tiny_checkpoint(tmp_path, seed=4, rope_parameters=rope).to("cuda", getattr(torch, dtype))
     config = EngineConfig(
         model=ModelConfig.from_pretrained(tmp_path, dtype=dtype),
         cache=CacheConfig(block_size=16, num_pages=32),
         device="cuda",
     )
     runner = ModelRunner(config, show_progress=False)
-    prompt = np.random.default_rng(0).integers(0, 256, size=45).tolist()
-    ours, _ = runner.forward_logits(make_plan([Chunk(prompt, 0, [3, 8, 1])], 16))
+    prompt = np.random.default_rng(0).integers(0, 256, size=45 if rope is None else 150).tolist()
+    pages = [3, 8, 1] if rope is None else [3, 8, 1, 12, 30, 7, 20, 5, 9, 14]
+    ours, _ = runner.forward_logits(make_plan([Chunk(prompt, 0, pages)], 16))
     with torch.no_grad():
         theirs = hf(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
     assert float((ours[0] - theirs).abs().max() / theirs.abs().max()) < tolerance
