@@ -123,11 +123,13 @@ class _ApiKeyCheck:
         if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in FLUSH_PATHS):
             headers = dict(scope["headers"])
             given = headers.get(b"authorization", b"")
-            # Anthropic's clients send the key as x-api-key.
+            key = headers.get(b"x-api-key", b"")  # how Anthropic's clients send it
             if not (hmac.compare_digest(given, self._expected)
-                    or hmac.compare_digest(headers.get(b"x-api-key", b""), self._expected_key)):
-                message = ("missing Authorization header; send 'Authorization: Bearer <api key>'" if not given
-                           else "invalid API key in the Authorization header")
+                    or hmac.compare_digest(key, self._expected_key)):
+                if given or key:
+                    message = f"invalid API key in the {'Authorization' if given else 'x-api-key'} header"
+                else:
+                    message = "missing Authorization header; send 'Authorization: Bearer <api key>'"
                 response = JSONResponse(error_object(message, AUTHENTICATION), status_code=401,
                                         headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)

@@ -151,11 +151,16 @@ def test_an_engine_error_mid_stream_is_an_error_event(server):
             list(stream)
 
 
-def test_the_key_is_taken_from_x_api_key_and_a_wrong_one_is_refused(server):
+def test_the_key_is_taken_from_either_header_and_a_wrong_one_is_refused_naming_it(server):
     port, _ = server
     wrong = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="nope", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError):
+    with pytest.raises(anthropic.AuthenticationError, match="invalid API key in the Authorization header"):
         wrong.messages.create(model="qwen3-tiny", max_tokens=5, messages=HELLO)
+    body = {"model": "qwen3-tiny", "max_tokens": 5, "messages": HELLO}
+    assert post(port, "/v1/messages", body, headers={"x-api-key": "sk-test"}).status == 200
+    refused = post(port, "/v1/messages", body, headers={"x-api-key": "nope"})
+    assert refused.status == 401
+    assert "invalid API key in the x-api-key header" in refused.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(("body", "message"), [
