@@ -217,13 +217,13 @@ def _preset_with(preset: ModelConfig, hf_overrides: dict) -> ModelConfig:
     if not hf_overrides:
         return preset
     hf = {"max_position_embeddings": preset.max_position_embeddings, **hf_overrides}
+    if type(hf["max_position_embeddings"]) is not int:  # checked first: YaRN's default original context
+        raise ConfigError(f"--hf-overrides: max_position_embeddings must be an integer, got "
+                          f"{hf['max_position_embeddings']!r}")
     try:
         scaling = read_rope_scaling(hf, "--hf-overrides")
     except RopeScalingError as exc:
         raise ConfigError(str(exc)) from None
-    if not isinstance(hf["max_position_embeddings"], int) or isinstance(hf["max_position_embeddings"], bool):
-        raise ConfigError(f"--hf-overrides: max_position_embeddings must be an integer, got "
-                          f"{hf['max_position_embeddings']!r}")
     return replace(preset, max_position_embeddings=hf["max_position_embeddings"], rope_scaling=scaling)
 
 
