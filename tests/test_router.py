@@ -164,6 +164,7 @@ def test_shared_prefix_load_through_the_router_completes_and_hits_the_cache(flee
     for result in (cache_aware, round_robin):
         assert (result["completed"], result["failed"]) == (24, 0), result["errors"]
     hit_rate = cache_aware["prefix_cache_hit_rate"]
+    assert None not in (hit_rate, round_robin["prefix_cache_hit_rate"]), "the router's metrics were not read"
     print(f"prefix hit rate: cache_aware {hit_rate:.1%}, "
           f"round_robin {round_robin['prefix_cache_hit_rate']:.1%}")
     # Every group's first request misses; cache-aware routing keeps the others on its server.

@@ -8,6 +8,7 @@ server's gauges for the report: KV-cache usage and the prefix-cache counters.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -16,6 +17,9 @@ import orjson
 from benchmarks.lib.datasets import RequestSpec, ids_as_words
 
 SAMPLING_MODES = ("greedy", "model-defaults")
+# A server (or the router gathering its workers' metrics) busy with the run may miss a scrape.
+_GAUGE_ATTEMPTS = 3
+_GAUGE_RETRY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -167,10 +171,14 @@ class HttpBackend:
     async def gauges(self) -> ServerGauges | None:
         """The server's counters; behind the SGLang Model Gateway, every worker's summed (its
         /engine_metrics gathers them, renaming `cadence:x` to `cadence_x`)."""
-        values = await self._metric_samples("/metrics")
-        if values is None or not any(name.startswith("cadence:") for name in values):
-            values = await self._metric_samples("/engine_metrics")
-        if values is None:
+        for attempt in range(_GAUGE_ATTEMPTS):  # one missed scrape would cost the run its hit rate
+            values = await self._metric_samples("/metrics")
+            if values is None or not any(name.startswith("cadence:") for name in values):
+                values = await self._metric_samples("/engine_metrics")
+            if values is not None:
+                break
+            await asyncio.sleep(_GAUGE_RETRY_S * (attempt + 1))
+        else:
             return None
         values = {name.replace("cadence_", "cadence:", 1): v for name, v in values.items()}
 
