@@ -270,9 +270,13 @@ class ZmqBackend:
         return timing
 
     async def gauges(self) -> ServerGauges | None:
-        try:
-            info = await self._client.server_info()
-        except Exception:  # noqa: BLE001
+        for attempt in range(_GAUGE_ATTEMPTS):  # as the HTTP backend: a missed answer is asked again
+            try:
+                info = await self._client.server_info()
+                break
+            except Exception:  # noqa: BLE001 - a missed sample is not a failed run
+                await asyncio.sleep(_GAUGE_RETRY_S * (attempt + 1))
+        else:
             return None
         stats = [r.stats for r in info.replicas if r.stats is not None]
         if not stats:
