@@ -12,7 +12,10 @@ What is taken:
   required), `tool` (that one), `none`; `disable_parallel_tool_use`), enforced as on chat;
 * `thinking`: Qwen3's thinking switch (`disabled` off; `enabled`, `adaptive`, `between_tools` on;
   left out: the model's default, on);
-* `output_config.format` (a JSON schema), enforced as a chat's `response_format`.
+* `output_config.format` (a JSON schema), enforced as a chat's `response_format`;
+* vLLM's extra sampling fields (`min_p`, `seed`, `repetition_penalty`, `presence_penalty`,
+  `frequency_penalty`, `ignore_eos`, `min_tokens`), checked by the chat parser as there (load
+  tools ask for a fixed output length with `ignore_eos`).
 Other fields (`metadata`, `cache_control`, `output_config.effort`, ... the API grows) are ignored;
 the chat endpoint's names (`n`, `response_format`, ...) get a 400, as do images, documents and
 server tools, naming the field or block.
@@ -27,7 +30,8 @@ from typing import Any
 from api.body_fields import describe
 from api.errors import invalid
 
-_PASSED = ("model", "temperature", "top_p", "top_k", "stream")
+_PASSED = ("model", "temperature", "top_p", "top_k", "stream", "min_p", "seed", "repetition_penalty",
+           "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens")
 # The chat endpoint's own names, which a client of this API would not send on purpose.
 _CHAT_NAMES = frozenset({"n", "max_completion_tokens", "response_format", "stop", "tool_calls", "functions"})
 # The thinking settings that turn Qwen3's thinking on ("adaptive": the model decides; Qwen3 does).

@@ -36,6 +36,7 @@ from benchmarks.lib.datasets import (
     random_dataset,
     shared_prefix_dataset,
 )
+from benchmarks.lib.http_endpoints import ENDPOINTS
 from benchmarks.lib.load_run import LoadRun
 from benchmarks.lib.load_summary import print_table, summarize, write_plots
 from benchmarks.lib.structured_load import KINDS, correctness
@@ -60,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("http", "zmq"),
         default="http",
         help="http: the OpenAI API; zmq: the native client on --zmq-address (default http)",
+    )
+    p.add_argument(
+        "--endpoint",
+        choices=ENDPOINTS,
+        default="openai",
+        help="http backend: openai (/v1/completions, /v1/chat/completions for multi-turn), responses "
+        "(/v1/responses) or messages (/v1/messages); the last two send prompts as text (default openai)",
     )
     p.add_argument("--zmq-address", help="the tokenizer's ZeroMQ address, printed by the server at start")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer <key>' (http backend)")
@@ -196,7 +204,11 @@ async def main_async(args: argparse.Namespace) -> dict:
         raise SystemExit("--extra-body must be a JSON object")
     if args.structured:
         args.extra_body = {**(args.extra_body or {}), **KINDS[args.structured][0]}
+    if args.structured and args.endpoint != "openai":
+        raise SystemExit("--structured sends the OpenAI API's response_format: it needs --endpoint openai")
     if args.backend == "zmq":
+        if args.endpoint != "openai":
+            raise SystemExit("--endpoint is for the http backend (the native client has one way in)")
         if args.extra_body:
             raise SystemExit("--extra-body is for the http backend (the native client takes SamplingParams)")
         if not args.zmq_address:
@@ -207,7 +219,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             raise SystemExit(str(exc)) from None
     else:
         backend = HttpBackend(args.base_url, args.api_key, args.timeout, sampling_of(args), args.text_prompts,
-                              args.extra_body)
+                              args.extra_body, args.endpoint)
     await backend.start()
     try:
         specs = build_dataset(args)

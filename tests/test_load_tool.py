@@ -199,3 +199,36 @@ def test_structured_runs_count_the_replies_that_conform(system, kind, output_len
     assert result["completed"] == 4 and result["extra_body"]
     structured = result["structured"]
     assert structured["checked"] == 4 and structured["correct"] == 4, structured["wrong_examples"]
+
+
+@pytest.mark.parametrize("endpoint", ["responses", "messages"])
+def test_the_agent_apis_carry_a_load_with_its_counts_hits_and_history(system, endpoint):
+    """--endpoint responses / messages: the random run's exact output counts, a shared prefix (sent
+    as text) hitting the cache, multi-turn conversations growing, and the runs recorded as such."""
+    _, port = system
+    common = ["--backend", "http", "--base-url", f"http://127.0.0.1:{port}", "--endpoint", endpoint,
+              "--no-progress", "--warmup", "1"]
+    result = load.main([*common, "--dataset", "random", "--num-prompts", "8", "--input-len", "24",
+                        "--output-len", "5", "--max-concurrency", "4"])
+    assert result["completed"] == 8 and result["failed"] == 0, result["errors"]
+    assert result["total_output_tokens"] == 8 * 5 and result["endpoint"] == endpoint
+    assert all(r["prompt_tokens"] >= 24 for r in result["requests"])  # words, and the chat template
+    assert result["ttft_ms"]["max"] <= result["e2e_ms"]["max"] and result["tpot_ms"]["median"] > 0
+    shared = load.main([*common, "--dataset", "shared-prefix", "--groups", "2", "--prompts-per-group", "4",
+                        "--system-len", "64", "--question-len", "8", "--output-len", "2",
+                        "--max-concurrency", "1", "--seed", "5"])
+    assert shared["completed"] == 8 and shared["prefix_cache_hit_rate"] > 0.4
+    assert sum(r["cached_tokens"] for r in shared["requests"]) > 0  # read from the API's usage
+    turns = load.main([*common, "--dataset", "multi-turn", "--conversations", "2", "--turns", "3",
+                       "--output-len", "4"])
+    assert turns["completed"] == 6
+    by_turn = sorted(r["prompt_tokens"] for r in turns["requests"])
+    assert by_turn[-1] > by_turn[0]
+
+
+def test_the_agent_endpoints_are_refused_where_they_cannot_go(system):
+    address, _ = system
+    with pytest.raises(SystemExit, match="needs --endpoint openai"):
+        load.main(["--backend", "http", "--endpoint", "messages", "--structured", "json"])
+    with pytest.raises(SystemExit, match="for the http backend"):
+        _run(address, "--endpoint", "responses")

@@ -125,10 +125,14 @@ def test_settings_reach_the_engine(server):
     client(port).messages.create(model="qwen3-tiny", max_tokens=7, messages=HELLO, stop_sequences=["zzz"],
                                  thinking={"type": "disabled"}, tools=[WEATHER],
                                  tool_choice={"type": "any", "disable_parallel_tool_use": True},
-                                 extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 5})
+                                 extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
+                                             "seed": 3, "ignore_eos": True, "min_tokens": 2,
+                                             "repetition_penalty": 1.1})
     sent = last_request(fake)
     params = sent.params
     assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (7, 0.5, 0.9, 5)
+    assert (params.min_p, params.seed, params.ignore_eos, params.min_tokens) == (0.1, 3, True, 2)
+    assert params.repetition_penalty == 1.1
     assert params.stop == ("zzz",) and sent.enable_thinking is False and params.structured_output is not None
 
 
@@ -177,6 +181,7 @@ def test_the_key_is_taken_from_either_header_and_a_wrong_one_is_refused_naming_i
      "'output_config.format' must be"),
     ({"max_tokens": 5, "messages": HELLO, "stop_sequences": [""]}, "non-empty strings"),
     ({"max_tokens": 5, "messages": HELLO, "temperature": -1}, "'temperature' must be in [0, 100]"),
+    ({"max_tokens": 5, "messages": HELLO, "ignore_eos": "yes"}, "'ignore_eos' must be"),
     ({"max_tokens": 5000, "messages": HELLO}, "maximum context length is 4096"),
     ({"max_tokens": 5, "messages": HELLO, "n": 2}, "'n' is not a field of /v1/messages"),
 ])

@@ -12,9 +12,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-import orjson
-
-from benchmarks.lib.datasets import RequestSpec, ids_as_words
+from benchmarks.lib.datasets import RequestSpec
+from benchmarks.lib.http_endpoints import ENDPOINTS, read_line, request_body
 
 SAMPLING_MODES = ("greedy", "model-defaults")
 # A server (or the router gathering its workers' metrics) busy with the run may miss a scrape.
@@ -79,12 +78,17 @@ class ServerGauges:
 
 
 class HttpBackend:
-    """POST /v1/completions (token ids) or /v1/chat/completions (multi-turn), stream=true."""
+    """Streamed POSTs to the OpenAI API (/v1/completions for token ids, /v1/chat/completions for
+    multi-turn), or to /v1/responses or /v1/messages (`endpoint`; benchmarks/lib/http_endpoints.py)."""
 
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float,
                  sampling: Sampling = Sampling(), text_prompts: bool = False,
-                 extra_body: dict | None = None) -> None:
+                 extra_body: dict | None = None, endpoint: str = "openai") -> None:
         import aiohttp
+
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint {endpoint!r} is not one of {', '.join(ENDPOINTS)}")
+        self.endpoint = endpoint  # benchmarks/lib/http_endpoints.py
 
         self.sampling_fields = sampling.fields()
         self.extra_body = extra_body or {}  # merged into every body last (a response_format, say)
@@ -114,20 +118,9 @@ class HttpBackend:
             return f"HTTP {response.status}: {(await response.text())[:300]}"
 
     async def send(self, spec: RequestSpec, history: list[dict] | None = None) -> RequestTiming:
-        body = {
-            "model": self.model,
-            "max_tokens": spec.output_len,
-            **self.sampling_fields,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            **self.extra_body,
-        }
-        if spec.prompt_token_ids is not None:
-            prompt = ids_as_words(spec.prompt_token_ids) if self.text_prompts else spec.prompt_token_ids
-            url, body["prompt"] = f"{self.base_url}/v1/completions", prompt
-        else:
-            url, body["messages"] = f"{self.base_url}/v1/chat/completions", history
+        common = {"model": self.model, **self.sampling_fields}
+        path, body = request_body(self.endpoint, spec, history, common, self.extra_body, self.text_prompts)
+        url = f"{self.base_url}{path}"
         timing = RequestTiming(time.perf_counter())
         try:
             async with self._session.post(url, json=body, headers=self._headers) as response:
@@ -135,38 +128,10 @@ class HttpBackend:
                     timing.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                     return timing
                 async for line in response.content:
-                    self._chunk(timing, line)
+                    read_line(self.endpoint, timing, line, time.perf_counter())
         except Exception as exc:  # noqa: BLE001 - a failed request is counted, not fatal
             timing.error = f"{type(exc).__name__}: {exc}"
         return timing
-
-    @staticmethod
-    def _chunk(timing: RequestTiming, line: bytes) -> None:
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            return
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            timing.done_s = time.perf_counter()
-            return
-        chunk = orjson.loads(payload)
-        if "error" in chunk:
-            timing.error = str(chunk["error"])
-            return
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta")
-            text = (
-                delta.get("content") or delta.get("reasoning_content") or "" if delta else choice.get("text")
-            )
-            timing.text += text or ""
-            if choice.get("finish_reason") is None or text:
-                timing.chunk_s.append(time.perf_counter())
-        usage = chunk.get("usage")
-        if usage:
-            timing.prompt_tokens = usage["prompt_tokens"]
-            timing.output_tokens = usage["completion_tokens"]
-            details = usage.get("prompt_tokens_details") or {}
-            timing.cached_tokens = details.get("cached_tokens") or 0
 
     async def gauges(self) -> ServerGauges | None:
         """The server's counters; behind the SGLang Model Gateway, every worker's summed (its

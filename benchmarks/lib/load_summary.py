@@ -71,6 +71,7 @@ def summarize(
     result = {
         "label": args.label,
         "backend": args.backend,
+        "endpoint": getattr(args, "endpoint", "openai"),
         "dataset": args.dataset,
         "sampling": Sampling(args.sampling, args.temperature, args.top_p, args.top_k).describe(),
         "extra_body": getattr(args, "extra_body", None),
