@@ -19,6 +19,8 @@ def test_short_soak_meets_every_target_and_exercises_drops_and_refusals(tmp_path
     counts = result["counts"]
     assert sum(counts.values()) == 60
     assert counts["ok"] > 0 and counts["disconnected"] > 0 and counts["refused"] > 0
+    answered_ok = {shape.split()[1] for shape, outcomes in result["by_shape"].items() if outcomes.get("ok")}
+    assert answered_ok == {"completion", "chat", "responses", "messages"}  # every API among the calls
     rss_target = "RSS growth (trend after the warm-up), worst process %"
     assert {"pages held beyond the cache", "router load tokens", rss_target, "clean shutdown"} <= set(
         result["targets"])

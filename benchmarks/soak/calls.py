@@ -1,6 +1,7 @@
 """One soak call: send a Shot and judge the answer as ok, disconnected (by design), refused (a bad
 request answered 4xx with an error object), failed (anything else that is wrong) or lost (no answer
-within the call's timeout)."""
+within the call's timeout). The OpenAI API's replies are judged here, those of the Responses and
+Messages APIs by benchmarks/soak/agent_replies.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 
 import orjson
 
-from benchmarks.soak.workload import CHAT, Shot
+from benchmarks.soak import agent_replies
+from benchmarks.soak.verdict import Verdict
+from benchmarks.soak.workload import CHAT, MESSAGES, RESPONSES, Shot
 
 
 @dataclass
@@ -20,10 +23,6 @@ class Outcome:
     detail: str = ""  # why it failed; the status of a refusal
     latency_s: float = 0.0
     completion_tokens: int = 0
-
-
-class _Verdict(Exception):
-    """Ends one call's checks with a failure; its message says what was wrong."""
 
 
 async def fire(session: Any, base_url: str, shot: Shot, timeout_s: float) -> Outcome:
@@ -36,7 +35,7 @@ async def fire(session: Any, base_url: str, shot: Shot, timeout_s: float) -> Out
                                     headers={"Content-Type": "application/json"}) as response:
                 answered = True
                 outcome = await _judge(response, shot)
-    except _Verdict as e:
+    except Verdict as e:
         outcome = Outcome("failed", str(e))
     except TimeoutError:
         outcome = Outcome("failed" if answered else "lost", f"no {'end' if answered else 'answer'} within "
@@ -53,9 +52,13 @@ async def _judge(response: Any, shot: Shot) -> Outcome:
     if shot.kind == "bad":
         return await _judge_refusal(response, shot)
     if response.status != 200:
-        raise _Verdict(f"HTTP {response.status}: {(await response.text())[:300]}")
+        raise Verdict(f"HTTP {response.status}: {(await response.text())[:300]}")
     if shot.kind == "disconnect":
         return await _drop(response, shot)
+    if shot.path in (RESPONSES, MESSAGES):
+        tokens = await agent_replies.judge(response, shot)
+        _check_tokens(tokens, shot)
+        return Outcome("ok", completion_tokens=tokens)
     if shot.stream:
         return await _judge_stream(response, shot)
     return _judge_whole(await response.json(loads=orjson.loads), shot)
@@ -64,14 +67,14 @@ async def _judge(response: Any, shot: Shot) -> Outcome:
 async def _judge_refusal(response: Any, shot: Shot) -> Outcome:
     text = await response.text()
     if not 400 <= response.status < 500:
-        raise _Verdict(f"a bad request was answered HTTP {response.status}: {text[:300]}")
+        raise Verdict(f"a bad request was answered HTTP {response.status}: {text[:300]}")
     try:
         error = orjson.loads(text)["error"]
         ok = isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
     except (orjson.JSONDecodeError, KeyError, TypeError):
         ok = False
     if not ok:
-        raise _Verdict(f"HTTP {response.status} without an OpenAI error object: {text[:300]}")
+        raise Verdict(f"HTTP {response.status} without an OpenAI error object: {text[:300]}")
     return Outcome("refused", str(response.status))
 
 
@@ -97,20 +100,20 @@ async def _judge_stream(response: Any, shot: Shot) -> Outcome:
             continue
         payload = line[5:].strip()
         if done:
-            raise _Verdict(f"data after [DONE]: {payload[:200]!r}")
+            raise Verdict(f"data after [DONE]: {payload[:200]!r}")
         if payload == b"[DONE]":
             done = True
             continue
         chunk = orjson.loads(payload)
         if "error" in chunk:
-            raise _Verdict(f"error event: {chunk['error']}")
+            raise Verdict(f"error event: {chunk['error']}")
         for choice in chunk["choices"]:
             if choice.get("finish_reason") is not None:
                 finishes[choice["index"]] = choice["finish_reason"]
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
     if not done:
-        raise _Verdict("the stream ended without [DONE]")
+        raise Verdict("the stream ended without [DONE]")
     _check_finishes(finishes, shot)
     if shot.usage:
         _check_tokens(tokens, shot)
@@ -120,9 +123,9 @@ async def _judge_stream(response: Any, shot: Shot) -> Outcome:
 def _judge_whole(body: dict[str, Any], shot: Shot) -> Outcome:
     expected = "chat.completion" if shot.path == CHAT else "text_completion"
     if body.get("object") != expected:
-        raise _Verdict(f"object {body.get('object')!r}, expected {expected!r}")
+        raise Verdict(f"object {body.get('object')!r}, expected {expected!r}")
     if len(body["choices"]) != shot.n:
-        raise _Verdict(f"{len(body['choices'])} choices, expected {shot.n}")
+        raise Verdict(f"{len(body['choices'])} choices, expected {shot.n}")
     _check_finishes({c["index"]: c["finish_reason"] for c in body["choices"]}, shot)
     tokens = body["usage"]["completion_tokens"]
     _check_tokens(tokens, shot)
@@ -131,12 +134,12 @@ def _judge_whole(body: dict[str, Any], shot: Shot) -> Outcome:
 
 def _check_finishes(finishes: dict[int, str | None], shot: Shot) -> None:
     if sorted(finishes) != list(range(shot.n)):
-        raise _Verdict(f"finish_reason for choices {sorted(finishes)}, expected {list(range(shot.n))}")
+        raise Verdict(f"finish_reason for choices {sorted(finishes)}, expected {list(range(shot.n))}")
     odd = {i: r for i, r in finishes.items() if r not in ("stop", "length")}
     if odd:
-        raise _Verdict(f"finish_reason {odd}, expected 'stop' or 'length'")
+        raise Verdict(f"finish_reason {odd}, expected 'stop' or 'length'")
 
 
 def _check_tokens(tokens: int, shot: Shot) -> None:
     if not shot.n <= tokens <= shot.n * shot.max_tokens:
-        raise _Verdict(f"usage.completion_tokens {tokens}, expected {shot.n}..{shot.n * shot.max_tokens}")
+        raise Verdict(f"usage.completion_tokens {tokens}, expected {shot.n}..{shot.n * shot.max_tokens}")

@@ -1,6 +1,6 @@
-"""The soak's calls: shot i of a seeded mix of good requests (completions and chats, streamed and
-whole, short prompts and long shared prefixes, greedy and sampled, n=2, stop strings, logit bias,
-structured outputs),
+"""The soak's calls: shot i of a seeded mix of good requests (completions and chats, and one in five
+through OpenAI's Responses or Anthropic's Messages API, streamed and whole, short prompts and long
+shared prefixes, greedy and sampled, n=2, stop strings, logit bias, structured outputs),
 streams the client drops after a chunk or two (10 %), and bad requests the server must refuse (5 %).
 
 benchmarks/soak/run.py fires them; benchmarks/soak/calls.py judges what comes back.
@@ -15,6 +15,8 @@ from typing import Any
 import orjson
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"  # built as a chat, then restated (_restated)
+_NAMES = {COMPLETIONS: "completion", CHAT: "chat", RESPONSES: "responses", MESSAGES: "messages"}
 MAX_MODEL_LEN = 1024  # the soaked server's --max-model-len: the bad requests are sized against it
 _MAX_ORDINARY_ID = 151_000  # below Qwen's special tokens, as in benchmarks/lib/datasets.py
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
@@ -63,20 +65,22 @@ class Workload:
         return self._good(index, rng, disconnect=False)
 
     def _good(self, index: int, rng: random.Random, disconnect: bool) -> Shot:
-        path = rng.choice((COMPLETIONS, CHAT))
+        draw = rng.random()
+        api = COMPLETIONS if draw < 0.4 else CHAT if draw < 0.8 else RESPONSES if draw < 0.9 else MESSAGES
+        path = COMPLETIONS if api == COMPLETIONS else CHAT
         stream = disconnect or rng.random() < 0.5
-        n = 2 if rng.random() < 0.1 else 1
+        n = 2 if api in (COMPLETIONS, CHAT) and rng.random() < 0.1 else 1
         max_tokens = self.max_tokens if disconnect else rng.randint(1, self.max_tokens)
         body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "n": n, "stream": stream}
-        labels = ["chat" if path == CHAT else "completion", "stream" if stream else "whole"]
-        usage = stream and rng.random() < 0.5
-        if usage:
+        labels = [_NAMES[api], "stream" if stream else "whole"]
+        usage = stream and (api != path or rng.random() < 0.5)  # the agent APIs' last event has it
+        if usage and api == path:
             body["stream_options"] = {"include_usage": True}
         labels.append(self._sampling(body, rng))
         if rng.random() < 0.15:
             body["stop"] = rng.choice(_STOPS)
             labels.append("stop")
-        if rng.random() < 0.08:  # a few ordinary tokens pushed up or down (the eager sampler's path)
+        if api != MESSAGES and rng.random() < 0.08:  # tokens pushed up or down (the eager sampler's path)
             body["logit_bias"] = {str(rng.randrange(_MAX_ORDINARY_ID)): rng.choice((-100, -5, 5, 100))
                                   for _ in range(rng.randint(1, 8))}
             labels.append("bias")
@@ -86,7 +90,9 @@ class Workload:
         labels.append(self._prompt(body, path, rng))
         if n == 2:
             labels.append("n=2")
-        return Shot(index, "disconnect" if disconnect else "good", " ".join(labels), path, orjson.dumps(body),
+        if api != path:
+            body = _restated(api, body)
+        return Shot(index, "disconnect" if disconnect else "good", " ".join(labels), api, orjson.dumps(body),
                     stream, n, max_tokens, usage, rng.randint(1, 2) if disconnect else 0)
 
     @staticmethod
@@ -157,6 +163,12 @@ class Workload:
                                                                                    "pattern": "(?=a)b"}}}}),
             ("a left-recursive guided_grammar", COMPLETIONS, {"prompt": "hello", "max_tokens": 4,
                                                              "guided_grammar": 'root ::= root "x" | "x"'}),
+            ("responses with previous_response_id", RESPONSES, {"input": "hello", "max_output_tokens": 4,
+                                                                 "previous_response_id": "resp_1"}),
+            ("responses with max_tokens", RESPONSES, {"input": "hello", "max_tokens": 4}),
+            ("messages without max_tokens", MESSAGES, {"messages": [{"role": "user", "content": "hello"}]}),
+            ("messages with a system turn", MESSAGES, {"max_tokens": 4, "messages": [
+                {"role": "system", "content": "be brief"}]}),
             ("malformed JSON", CHAT, None),
             ("empty body", COMPLETIONS, b""),
         ]
@@ -191,6 +203,27 @@ def _structured(path: str, rng: random.Random) -> dict[str, Any]:
             "on": {"type": "string", "format": "date"}}, "required": ["word", "ok"]}
         return {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}}
     return {"response_format": {"type": "json_object"}}
+
+
+def _restated(api: str, chat: dict[str, Any]) -> dict[str, Any]:
+    """A chat body (n=1) in the terms of OpenAI's Responses API or Anthropic's Messages API."""
+    body = {k: v for k, v in chat.items() if k not in ("messages", "max_tokens", "n", "response_format")}
+    form = (chat.get("response_format") or {})
+    schema = form["json_schema"]["schema"] if form.get("type") == "json_schema" else {"type": "object"}
+    if api == RESPONSES:
+        body.update(input=chat["messages"], max_output_tokens=chat["max_tokens"])
+        if form:
+            body["text"] = {"format": {"type": "json_schema", "name": "w", "schema": schema}
+                            if form["type"] == "json_schema" else {"type": "json_object"}}
+        return body
+    body.update(messages=chat["messages"], max_tokens=chat["max_tokens"])
+    if "stop" in body:
+        body["stop_sequences"] = body.pop("stop")
+    if body.pop("chat_template_kwargs", None):
+        body["thinking"] = {"type": "disabled"}
+    if form:
+        body["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
+    return body
 
 
 def _words(rng: random.Random, num_tokens: int) -> str:
