@@ -68,7 +68,7 @@ from api.errors import ApiError, invalid
 from api.sampling_fields import SAMPLING_FIELDS, sampling_params
 from api.structured_fields import STRUCTURED_FIELDS, parse_structured_output
 from api.tool_fields import ToolSettings, parse_tool_fields
-from core.config import GenerationDefaults
+from core.generation_defaults import GenerationDefaults
 from core.sampling_params import DEFAULT_MAX_LOGPROBS, SamplingParams
 from ipc.messages import GenerateRequest
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from api.body_fields import BodyFields, describe, is_token_id
 from api.errors import invalid
-from core.config import GenerationDefaults
+from core.generation_defaults import GenerationDefaults
 from core.sampling_params import SAMPLING_COLUMNS, SamplingParams, SamplingParamsError
 
 MAX_STOP_STRINGS = 64

@@ -11,7 +11,6 @@ import json
 
 from core.config import (
     KV_CACHE_DTYPES,
-    LOAD_FORMATS,
     CacheConfig,
     ConfigError,
     EngineConfig,
@@ -19,6 +18,7 @@ from core.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from core.model_config import LOAD_FORMATS
 from core.quantization import QUANTIZE_AT_LOAD_METHODS
 from core.registry import AUTO_ATTENTION_BACKENDS, attention_backend_choices
 from core.tokenizer.jinja_template import read_chat_template

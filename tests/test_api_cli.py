@@ -18,7 +18,8 @@ from free_ports import free_port
 
 from api import cli
 from api.protocol import ServedModel
-from core.config import EngineConfig, GenerationDefaults
+from core.config import EngineConfig
+from core.generation_defaults import GenerationDefaults
 
 
 def test_serve_flags_and_their_defaults():

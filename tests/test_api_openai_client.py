@@ -11,7 +11,7 @@ from api_http import UvicornThread, get
 
 from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
-from core.config import QWEN3_GENERATION_DEFAULTS
+from core.generation_defaults import QWEN3_GENERATION_DEFAULTS
 
 openai = pytest.importorskip("openai")
 

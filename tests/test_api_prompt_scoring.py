@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from api.protocol import ServedModel, parse_completion_request
-from core.config import QWEN3_GENERATION_DEFAULTS
+from core.generation_defaults import QWEN3_GENERATION_DEFAULTS
 
 MODEL = ServedModel("qwen3-tiny", 4096, QWEN3_GENERATION_DEFAULTS)
 

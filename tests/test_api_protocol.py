@@ -20,7 +20,7 @@ from api.protocol import (
     parse_json_body,
 )
 from api.reasoning import ReasoningSplitter
-from core.config import QWEN3_GENERATION_DEFAULTS
+from core.generation_defaults import QWEN3_GENERATION_DEFAULTS
 from ipc.messages import ChatTurn, TopLogprob
 
 MODEL = ServedModel("qwen3-tiny", 4096, QWEN3_GENERATION_DEFAULTS)

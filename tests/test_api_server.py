@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
-from core.config import QWEN3_GENERATION_DEFAULTS
+from core.generation_defaults import QWEN3_GENERATION_DEFAULTS
 from core.sampling_params import SamplingParams
 from core.tokenizer.chat_template import render_chatml
 from ipc.messages import AbortRequest, GenerateRequest

@@ -9,7 +9,7 @@ import pytest
 
 from api.errors import ApiError
 from api.protocol import ServedModel, parse_chat_request, parse_completion_request
-from core.config import QWEN3_GENERATION_DEFAULTS
+from core.generation_defaults import QWEN3_GENERATION_DEFAULTS
 from core.structured.grammar import compile_spec
 
 MODEL = ServedModel("qwen3-tiny", 4096, QWEN3_GENERATION_DEFAULTS)

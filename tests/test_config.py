@@ -10,7 +10,6 @@ import pytest
 from tiny_models import tiny_hf_config
 
 from core.config import (
-    PRESETS,
     CacheConfig,
     ConfigError,
     EngineConfig,
@@ -18,6 +17,7 @@ from core.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from core.model_config import PRESETS
 
 
 def small_model(**kwargs) -> ModelConfig:

@@ -12,7 +12,7 @@ from api_http import UvicornThread, post
 
 from api.protocol import ServedModel
 from api.server import ApiConfig, build_app
-from core.config import QWEN3_GENERATION_DEFAULTS
+from core.generation_defaults import QWEN3_GENERATION_DEFAULTS
 from ipc.messages import GenerateRequest
 
 anthropic = pytest.importorskip("anthropic")

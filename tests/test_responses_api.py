@@ -15,7 +15,7 @@ from api_http import UvicornThread, post
 from api.protocol import ServedModel
 from api.responses_request import parse_responses_body
 from api.server import ApiConfig, build_app
-from core.config import QWEN3_GENERATION_DEFAULTS
+from core.generation_defaults import QWEN3_GENERATION_DEFAULTS
 from ipc.messages import GenerateRequest
 
 openai = pytest.importorskip("openai")

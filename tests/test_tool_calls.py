@@ -14,7 +14,7 @@ from api.errors import ApiError
 from api.protocol import ServedModel, parse_chat_request
 from api.server import ApiConfig, build_app
 from api.tool_call_parser import ToolCallParser
-from core.config import QWEN3_GENERATION_DEFAULTS
+from core.generation_defaults import QWEN3_GENERATION_DEFAULTS
 from core.tokenizer import load_tokenizer, render_chatml
 from ipc.messages import ToolCallTurn
 
