@@ -10,7 +10,7 @@ Streamed: `message_start` (with the prompt's tokens), then per block `content_bl
 deltas (`thinking_delta`, `text_delta`, or the call's whole `input_json_delta`) and
 `content_block_stop`; last `message_delta` (stop reason, output tokens) and `message_stop`. An
 error once the stream has started is an `error` event. Errors before it are Anthropic's error
-object (api/server.py).
+object (`anthropic_error`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import orjson
 
 from api.anthropic_request import MessagesRequest
 from api.chat_dialect import ChatDialectCall, reply_parts
+from api.errors import ApiError
+from api.json_response import JSONResponse
 from api.openai_serving import ChatCall
 
 
@@ -157,3 +159,12 @@ class MessagesCall(ChatDialectCall):
                 # Anthropic counts cache reads apart from input_tokens.
                 "usage": {"input_tokens": input_tokens - cached_tokens, "output_tokens": output_tokens,
                           "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}}
+
+
+def anthropic_error(e: ApiError) -> JSONResponse:
+    """An ApiError in Anthropic's error object, its type by the status."""
+    kinds = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large",
+             429: "rate_limit_error", 503: "overloaded_error", 504: "api_error"}
+    kind = kinds.get(e.status, "invalid_request_error" if e.status < 500 else "api_error")
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": e.message}},
+                        status_code=e.status)

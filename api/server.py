@@ -7,6 +7,7 @@ Routes:
   api/responses_call.py); nothing is stored, so each request carries its whole conversation.
 * POST /v1/messages: Anthropic's Messages API, the same way (api/anthropic_request.py,
   api/anthropic_call.py), its errors in Anthropic's form; the key may come as `x-api-key`.
+  POST /v1/messages/count_tokens: a Messages body's prompt tokens (api/anthropic_count.py).
 * GET /v1/models: the one served model; GET /v1/models/{id}: it again, or 404.
 * GET /get_model_info, /model_info, /get_server_info, /server_info: the SGLang runtime's names for
   what the model is, which the SGLang Model Gateway (`sglang_router`) asks every worker it
@@ -46,7 +47,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.anthropic_call import MessagesCall
+from api.anthropic_call import MessagesCall, anthropic_error
+from api.anthropic_count import parse_count_tokens_body
 from api.anthropic_request import parse_messages_body
 from api.async_client import AsyncClient
 from api.cache_routes import FLUSH_PATHS, cache_routes
@@ -195,11 +197,22 @@ class ApiServer:
         try:
             return await self._serve(request, build)
         except ApiError as e:
-            kinds = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large",
-                     429: "rate_limit_error", 503: "overloaded_error", 504: "api_error"}
-            kind = kinds.get(e.status, "invalid_request_error" if e.status < 500 else "api_error")
-            return JSONResponse({"type": "error", "error": {"type": kind, "message": e.message}},
-                                status_code=e.status)
+            return anthropic_error(e)
+
+    async def count_message_tokens(self, request: Request) -> Response:
+        """Anthropic's token count of a Messages body (api/anthropic_count.py)."""
+        try:
+            body = parse_json_body(await self.read_body(request))
+            query = parse_count_tokens_body(body, self.config.model, uuid.uuid4().hex)
+            try:
+                answer = await self.client.ask_tokenizer(query, self.config.info_timeout_s)
+            except ClientError as e:
+                raise ApiError(503, f"the tokenizer did not answer: {e}") from None
+            if answer.error is not None:
+                raise invalid(answer.error_field, answer.error)
+            return JSONResponse({"input_tokens": answer.body["count"]})
+        except ApiError as e:
+            return anthropic_error(e)
 
     def _call(self, body: Any, parse: Callable[..., ParsedRequest], id_prefix: str, start_s: float) -> Any:
         call_id = f"{id_prefix}-{uuid.uuid4().hex}"
@@ -358,6 +371,7 @@ def build_app(config: ApiConfig) -> Starlette:
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/responses", server.responses, methods=["POST"]),
         Route("/v1/messages", server.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", server.count_message_tokens, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", server.model, methods=["GET"]),
         *(Route(path, server.model_info, methods=["GET"])

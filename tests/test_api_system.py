@@ -261,6 +261,27 @@ def test_responses_and_messages_calls_run_through_the_engine_as_their_chat_compl
     assert [block.get("thinking", block.get("text")) for block in message["content"]] == expected
 
 
+def test_messages_count_tokens_is_the_prompt_a_messages_call_runs(system):
+    """/v1/messages/count_tokens through the official anthropic client: the count of a conversation
+    (with a system prompt, tools, thinking on and off) is what /v1/messages then reports as its
+    input; a bad body gets Anthropic's error object."""
+    anthropic = pytest.importorskip("anthropic")
+    port, _ = system
+    client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="none", max_retries=0)
+    tools = [{"name": "get_time", "description": "The time", "input_schema": {"type": "object"}}]
+    for extra in ({}, {"tools": tools}, {"tools": tools, "thinking": {"type": "disabled"}}):
+        counted = client.messages.count_tokens(model="tiny", messages=HELLO, system="Be brief.", **extra)
+        message = client.messages.create(model="tiny", messages=HELLO, system="Be brief.", max_tokens=1,
+                                         **extra)
+        assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+    plain = client.messages.count_tokens(model="tiny", messages=HELLO).input_tokens
+    assert plain == post(port, "/tokenize", {"messages": HELLO}).json()["count"]
+    with pytest.raises(anthropic.BadRequestError, match="non-empty array of messages"):
+        client.messages.count_tokens(model="tiny", messages=[])
+    with pytest.raises(anthropic.NotFoundError, match="does not exist"):
+        client.messages.count_tokens(model="claude-nonexistent", messages=HELLO)
+
+
 def test_return_token_ids_are_the_tokenizers_prompt_and_the_sampled_tokens(system):
     """vLLM's return_token_ids through the real processes: a chat's prompt ids are what /tokenize
     renders for its messages, a greedy stream's token ids join to the whole reply's, and they
