@@ -1,10 +1,11 @@
 """`cadence serve` (also `python -m api serve`): start the engine's processes, serve the OpenAI API.
+`cadence run-batch` runs a file of OpenAI Batch API requests through the same code (api/run_batch.py).
 
 The engine's flags come from procs/args.py (`add_engine_args`, `config_from_args`); this module adds
 the API's own: --host (default 127.0.0.1: not reachable from other machines unless asked),
 --port (8000), --api-key (or the CADENCE_API_KEY environment variable), --served-model-name (the
 name clients send as `model`; default the model's name), --strict-request-fields, and a few
-limits. `_start_engine` is where the server starts the launcher (api/offline.py starts it for
+limits. `start_engine` is where the server starts the launcher (api/offline.py starts it for
 offline batches). The console script entry point is `api.cli:main`.
 
 The HTTP address is bound before anything loads (api/listen_address.py): a port out of range or in
@@ -109,7 +110,37 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the engine's processes and serve the OpenAI API over them.")
     add_engine_args(serve)
     add_api_args(serve)
+    batch = commands.add_parser(
+        "run-batch", help="run a file of requests in OpenAI's Batch API format (as vLLM's run-batch)",
+        description="Start the engine's processes, run every request of a JSONL file of OpenAI Batch API "
+                    "lines through the API's code, and write one result line each (api/run_batch.py).")
+    add_engine_args(batch)
+    add_batch_args(batch)
     return parser
+
+
+def add_batch_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("batch")
+    group.add_argument("-i", "--input-file", required=True,
+                       help="the requests, one JSON line each: custom_id, method, url, body ('-': stdin)")
+    group.add_argument("-o", "--output-file", required=True,
+                       help="where the results go, one JSON line each in the input's order ('-': stdout)")
+    group.add_argument("--max-concurrency", type=_positive_int, default=1024,
+                       help="requests in flight at most (default: 1024; the scheduler batches them)")
+    group.add_argument("--served-model-name", default=None,
+                       help="the model name the requests' bodies give (default: the model's name)")
+    group.add_argument("--request-timeout", type=float, default=600.0,
+                       help="seconds a request may go without output before it fails with 504 (default: 600)")
+    group.add_argument("--strict-request-fields", action="store_true",
+                       help="refuse (400) request fields this server does not know (default: ignore them)")
+    group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.set_defaults(native_tcp=None, api_key=None)
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer >= 1")
+    return int(value)
 
 
 def api_key_of(args: argparse.Namespace) -> str | None:
@@ -156,7 +187,7 @@ class EngineWatch:
 
 
 @contextlib.contextmanager
-def _start_engine(args: argparse.Namespace, watch: EngineWatch) -> Iterator[tuple[ServedModel, str]]:
+def start_engine(args: argparse.Namespace, watch: EngineWatch) -> Iterator[tuple[ServedModel, str]]:
     """Start the engine's processes; yields the served model and the tokenizer's address."""
     from procs.args import config_from_args, launch_options_from_args
     from procs.launcher import Launcher
@@ -184,11 +215,15 @@ def _run_http(app: Any, args: argparse.Namespace, watch: EngineWatch, http_socke
         server.run(sockets=[http_socket])
 
 
-def serve(args: argparse.Namespace) -> int:
+def configure_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s [cadence] %(message)s")
     # The engine's processes read their level from the environment they inherit (debug: a step trace).
     os.environ.setdefault("CADENCE_LOG_LEVEL", args.log_level.upper())
+
+
+def serve(args: argparse.Namespace) -> int:
+    configure_logging(args)
     try:  # before anything loads: a port in use must not cost minutes of loading first
         http_socket = bind_http_socket(args.host, args.port)
     except AddressUnavailable as exc:
@@ -200,7 +235,7 @@ def serve(args: argparse.Namespace) -> int:
     # this turns it into an exception, so the engine is shut down in order and its files removed.
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        with _start_engine(args, watch) as (model, tokenizer_address):
+        with start_engine(args, watch) as (model, tokenizer_address):
             config = api_config(args, model, tokenizer_address)
             log.info("serving %s on http://%s (tokenizer at %s)%s", model.name, address, tokenizer_address,
                      ", API key required" if config.api_key else "")
@@ -230,6 +265,11 @@ def _terminated(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "run-batch":
+            from api.run_batch import run_batch
+
+            configure_logging(args)
+            return run_batch(args)
         return serve(args)
     except KeyboardInterrupt:
         return 130

@@ -142,7 +142,7 @@ def test_a_startup_failure_is_one_line_and_exit_code_1(monkeypatch, capsys):
         raise RuntimeError("executor dp=0 tp=0 did not start: CUDA out of memory")
         yield
 
-    monkeypatch.setattr(cli, "_start_engine", failing)
+    monkeypatch.setattr(cli, "start_engine", failing)
     assert cli.main(["serve", "--device", "cpu", "--port", "0"]) == 1
     assert capsys.readouterr().err.strip() == (
         "cadence serve: RuntimeError: executor dp=0 tp=0 did not start: CUDA out of memory")
@@ -170,14 +170,14 @@ def listening_port():
     (["--host", "no-such-host.invalid", "--port", "0"], "'no-such-host.invalid' is not a known address"),
 ])
 def test_an_unusable_http_address_ends_serve_before_the_engine_starts(flags, cause, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_start_engine", _never_started)
+    monkeypatch.setattr(cli, "start_engine", _never_started)
     assert cli.main(["serve", "--device", "cpu", *flags]) == cli.EXIT_ADDRESS_UNAVAILABLE
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("cadence serve: cannot listen on ") and cause in line, line
 
 
 def test_a_port_in_use_ends_serve_naming_it_before_the_engine_starts(listening_port, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_start_engine", _never_started)
+    monkeypatch.setattr(cli, "start_engine", _never_started)
     assert cli.main(["serve", "--device", "cpu", "--port", str(listening_port)]) == 3
     assert capsys.readouterr().err.strip() == (
         f"cadence serve: cannot listen on 127.0.0.1:{listening_port}: the port is already in use "
@@ -199,7 +199,7 @@ def test_the_port_is_held_while_the_engine_loads_and_served_on(monkeypatch):
     served_on = {}
     monkeypatch.setattr(cli, "_run_http", lambda app, args, watch, http_socket: served_on.update(
         port=http_socket.getsockname()[1]))
-    monkeypatch.setattr(cli, "_start_engine", loading)
+    monkeypatch.setattr(cli, "start_engine", loading)
     assert cli.main(["serve", "--device", "cpu", "--port", str(port)]) == 0
     assert held == {"checked": True} and served_on == {"port": port}
 
