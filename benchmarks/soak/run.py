@@ -5,7 +5,8 @@
 It starts `python -m api serve --model qwen3-tiny --device cpu --max-model-len 1024` (--model and
 --device change those; plus every --server-arg) on a free port, logging to --server-log, or soaks a
 running one at --base-url. Over
-HTTP it sends completions and chats, streamed and whole, prompts of a few to ~600 tokens (a quarter
+HTTP it sends completions and chats (and one call in five through /v1/responses or /v1/messages,
+judged by benchmarks/soak/agent_replies.py), streamed and whole, prompts of a few to ~600 tokens (a quarter
 behind long shared prefixes, for the prefix cache), greedy and sampled (Qwen's 0.6 / 0.95, some
 seeded), some n=2, some with stop strings. Of the requests 10 % are streams the client drops after
 a chunk or two, and 5 % are bad requests the server must refuse with a 4xx error object.
