@@ -43,6 +43,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="a JSON object of config.json fields to replace (vLLM's flag; SGLang's name "
                             "too), such as Qwen3's YaRN: '{\"rope_scaling\": {\"rope_type\": \"yarn\", "
                             "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}}'")
+    group.add_argument("--rope-scaling", type=_json_object, default=None,
+                       help="config.json's rope_scaling, as vLLM's older flag that Qwen3's model card "
+                            "gives: '{\"rope_type\": \"yarn\", \"factor\": 4.0, "
+                            "\"original_max_position_embeddings\": 32768}' (the same as --hf-overrides "
+                            "with it as rope_scaling)")
     group.add_argument("--tensor-parallel-size", "--tp", "-tp", type=int, default=1, dest="tp",
                        help="ranks one replica is split across (default: 1)")
     group.add_argument("--data-parallel-size", "--dp", "-dp", type=int, default=1, dest="dp",
@@ -124,6 +129,17 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _hf_overrides(args: argparse.Namespace) -> dict | None:
+    """--hf-overrides with --rope-scaling folded in; both setting rope_scaling is a ConfigError."""
+    if args.rope_scaling is None:
+        return args.hf_overrides
+    overrides = dict(args.hf_overrides or {})
+    if "rope_scaling" in overrides or "rope_parameters" in overrides:
+        raise ConfigError("--rope-scaling and --hf-overrides both set the RoPE scaling; give it once")
+    overrides["rope_scaling"] = args.rope_scaling
+    return overrides
+
+
 def default_device() -> str:
     import torch
 
@@ -136,7 +152,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     dtype = args.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
-    model = ModelConfig.from_name(args.model, args.hf_overrides, dtype=dtype, load_format=args.load_format)
+    model = ModelConfig.from_name(args.model, _hf_overrides(args), dtype=dtype, load_format=args.load_format)
     if args.load_format == "safetensors" and model.model_path is None:
         raise ConfigError(f"--load-format safetensors needs a model directory, not the preset {args.model}")
     if args.quantization is not None:

@@ -145,6 +145,20 @@ def test_hf_overrides_give_a_preset_yarn_and_its_longer_context():
     assert serve_config().max_model_len == 40960 and serve_config().model.rope_scaling is None
 
 
+def test_the_model_cards_rope_scaling_flag_is_the_same_yarn(tmp_path):
+    """Qwen3's model card serves 131,072 tokens on vLLM with --rope-scaling; it runs unchanged here,
+    on a preset and on a checkpoint (its max_position_embeddings kept), and once is enough."""
+    config = serve_config("--rope-scaling", json.dumps(QWEN3_YARN), "--max-model-len", "131072")
+    assert config.model.rope_scaling == YarnScaling(4.0, 32768) and config.max_model_len == 131072
+    build_tiny_checkpoint(tmp_path, seed=6)
+    yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024}
+    checkpoint = serve_config("--model", str(tmp_path), "--rope-scaling", json.dumps(yarn))
+    assert checkpoint.model.rope_scaling == YarnScaling(2.0, 1024) and checkpoint.max_model_len == 2048
+    with pytest.raises(ConfigError, match="--rope-scaling and --hf-overrides both set"):
+        serve_config("--rope-scaling", json.dumps(QWEN3_YARN), "--hf-overrides",
+                     json.dumps({"rope_scaling": QWEN3_YARN}))
+
+
 def test_hf_overrides_replace_a_checkpoints_config_fields(tmp_path):
     build_tiny_checkpoint(tmp_path, seed=6)
     yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024}
