@@ -1,4 +1,7 @@
 """The engine's command-line flags (vLLM's names where it has them) and the configs they make.
+SGLang's names are accepted too (--model-path, --context-length, --tp-size, --dp-size,
+--mem-fraction-static, --max-running-requests, --chunked-prefill-size, --disable-radix-cache,
+--json-model-override-args), so either project's command line runs unchanged.
 
 `cadence serve` and `python -m procs.launcher` both take these; the API adds its own (--host,
 --port, --api-key, --served-model-name).
@@ -30,7 +33,7 @@ DEFAULT_MODEL = "qwen3-tiny"
 def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     defaults_cache, defaults_sched = CacheConfig(), SchedulerConfig()
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=DEFAULT_MODEL,
+    group.add_argument("--model", "--model-path", default=DEFAULT_MODEL,
                        help="a preset (qwen3-14b, qwen3-tiny) or a Hugging Face model directory "
                             f"(default: {DEFAULT_MODEL}, dummy weights, the built-in Qwen vocabulary)")
     group.add_argument("--tokenizer", default=None,
@@ -48,22 +51,24 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "gives: '{\"rope_type\": \"yarn\", \"factor\": 4.0, "
                             "\"original_max_position_embeddings\": 32768}' (the same as --hf-overrides "
                             "with it as rope_scaling)")
-    group.add_argument("--tensor-parallel-size", "--tp", "-tp", type=int, default=1, dest="tp",
+    group.add_argument("--tensor-parallel-size", "--tp", "--tp-size", "-tp", type=int, default=1, dest="tp",
                        help="ranks one replica is split across (default: 1)")
-    group.add_argument("--data-parallel-size", "--dp", "-dp", type=int, default=1, dest="dp",
+    group.add_argument("--data-parallel-size", "--dp", "--dp-size", "-dp", type=int, default=1, dest="dp",
                        help="independent replicas (default: 1)")
     group.add_argument("--device", choices=("cuda", "cpu"), default=None,
                        help="default: cuda when a GPU is present, else cpu")
     group.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
                        help="auto: bfloat16 on GPU, float32 on CPU")
-    group.add_argument("--max-model-len", type=int, default=None,
+    group.add_argument("--max-model-len", "--context-length", type=int, default=None,
                        help="longest prompt + output, in tokens (default: the model's context)")
-    group.add_argument("--max-num-seqs", type=int, default=defaults_sched.max_num_seqs,
+    group.add_argument("--max-num-seqs", "--max-running-requests", type=int,
+                       default=defaults_sched.max_num_seqs,
                        help=f"requests running at once per replica (default: {defaults_sched.max_num_seqs})")
     group.add_argument("--max-logprobs", type=int, default=defaults_sched.max_logprobs,
                        help="the most top logprobs a request may ask for, per generated or prompt token "
                             f"(default: {defaults_sched.max_logprobs})")
-    group.add_argument("--max-num-batched-tokens", type=int, default=defaults_sched.max_num_batched_tokens,
+    group.add_argument("--max-num-batched-tokens", "--chunked-prefill-size", type=int,
+                       default=defaults_sched.max_num_batched_tokens,
                        help=f"tokens per step (default: {defaults_sched.max_num_batched_tokens})")
     group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                        help="split long prompts across steps (default: on)")
@@ -74,7 +79,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "twice the tokens in the same memory (default: auto)")
     group.add_argument("--block-size", type=int, default=defaults_cache.block_size,
                        help=f"tokens per KV page (default: {defaults_cache.block_size})")
-    group.add_argument("--gpu-memory-utilization", type=float,
+    group.add_argument("--gpu-memory-utilization", "--mem-fraction-static", type=float,
                        default=defaults_cache.gpu_memory_utilization,
                        help="fraction of each card for weights, activations and KV cache; executors "
                             f"sharing a card split it (default: {defaults_cache.gpu_memory_utilization})")
@@ -82,6 +87,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="KV pages per executor instead of profiling memory")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="radix prefix cache over the KV pages (default: on)")
+    group.add_argument("--disable-radix-cache", action="store_false", dest="enable_prefix_caching",
+                       help="SGLang's name for --no-enable-prefix-caching")
     group.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                        help="auto: the checkpoint's safetensors, or dummy weights for a preset")
     group.add_argument("--quantization", "-q", choices=QUANTIZE_AT_LOAD_METHODS, default=None,

@@ -59,6 +59,22 @@ def test_vllm_flags_that_change_nothing_here_are_accepted():
     assert args.trust_remote_code and args.disable_log_requests and args.disable_log_stats
 
 
+def test_an_sglang_command_line_makes_the_config_its_vllm_twin_makes():
+    from procs.args import config_from_args
+
+    parse = cli.build_parser().parse_args
+    sglang = parse(["serve", "--model-path", "qwen3-tiny", "--context-length", "2048", "--tp-size", "2",
+                    "--dp-size", "2", "--mem-fraction-static", "0.8", "--max-running-requests", "64",
+                    "--chunked-prefill-size", "4096", "--disable-radix-cache", "--device", "cpu"])
+    vllm = parse(["serve", "--model", "qwen3-tiny", "--max-model-len", "2048", "--tensor-parallel-size", "2",
+                  "--data-parallel-size", "2", "--gpu-memory-utilization", "0.8", "--max-num-seqs", "64",
+                  "--max-num-batched-tokens", "4096", "--no-enable-prefix-caching", "--device", "cpu"])
+    config = config_from_args(sglang)
+    assert config == config_from_args(vllm)
+    assert (config.parallel.tp_size, config.parallel.dp_size, config.max_model_len) == (2, 2, 2048)
+    assert not config.cache.enable_prefix_caching and config.cache.gpu_memory_utilization == 0.8
+
+
 def test_max_logprobs_reaches_the_engine_config_and_a_negative_one_is_refused():
     from core.config import ConfigError
     from procs.args import config_from_args
