@@ -114,7 +114,13 @@ async def post(app: Callable[..., Awaitable[None]], path: str, body: bytes) -> t
             if not message.get("more_body"):
                 answered.set()
 
-    await app(scope, receive, send)
+    try:
+        await app(scope, receive, send)
+    except Exception as exc:  # noqa: BLE001 - one request's bug is its line's error, not the batch's end
+        log.exception("run-batch: the request to %s raised", path)
+        if not answered.is_set():
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            return 500, orjson.dumps({"error": {"message": message, "type": "server_error"}})
     answered.set()
     return status, b"".join(chunks)
 

@@ -4,6 +4,7 @@ the rest still run; greedy results are the server's; a replica killed mid-batch 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import orjson
@@ -11,7 +12,7 @@ import pytest
 
 from api import cli
 from api.offline import LLM
-from api.run_batch import read_lines
+from api.run_batch import post, read_lines
 from core.sampling_params import SamplingParams
 
 ENGINE = ["--model", "qwen3-tiny", "--load-format", "dummy", "--device", "cpu", "--max-model-len", "512",
@@ -48,6 +49,21 @@ def test_a_custom_id_used_twice_is_refused_on_its_second_line_and_blank_lines_ar
     lines = read_lines([body, b"  ", body])
     assert [line.number for line in lines] == [1, 3]
     assert lines[0].problem is None and "used by an earlier line" in lines[1].problem
+
+
+def test_an_app_that_raises_costs_its_line_a_500_not_the_batch():
+    async def echo(scope, receive, send):
+        body = (await receive())["body"]
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": body[:2], "more_body": True})
+        await send({"type": "http.response.body", "body": body[2:]})
+
+    async def broken(scope, receive, send):
+        raise KeyError("nothing here")
+
+    assert asyncio.run(post(echo, "/v1/x", b'{"a": 1}')) == (201, b'{"a": 1}')
+    status, body = asyncio.run(post(broken, "/v1/x", b"{}"))
+    assert status == 500 and "KeyError" in orjson.loads(body)["error"]["message"]
 
 
 def test_every_line_gets_its_result_in_order_greedy_as_the_engine_computes(tmp_path):
