@@ -10,8 +10,9 @@ Segment layout (all header words int64):
 
     [0, 64)               magic, version, num_slots, slot_bytes, num_readers, slots_offset, 2 spare
     [64, ...)             slot_step[num_slots]: the step a slot holds (-1 empty, -2 being written)
-    [..., slots_offset)   consumed[num_readers]: the last step each TP rank consumed, one cache line
-                          each so ranks polling their own word do not fight over one line
+    [..., slots_offset)   per TP rank one cache line (so ranks polling their own words do not fight
+                          over one line): word 0 the last step it consumed, word 1 the last it took
+                          (read off the ring; consumed once its step is done with the slot)
     [slots_offset, ...)   num_slots slots of slot_bytes, page-aligned, each a pack_plan buffer
 
 Memory ordering: we rely on x86-64 (TSO): aligned 8-byte stores are atomic, and stores become
@@ -143,6 +144,7 @@ class StepRing:
         self._slot_step = self._words[layout.slot_step_word : layout.slot_step_word + layout.num_slots]
         consumed = self._words[layout.consumed_word : layout.consumed_word + layout.num_readers * _LINE_WORDS]
         self._consumed = consumed[::_LINE_WORDS]  # [num_readers], one word per cache line
+        self._taken = consumed[1::_LINE_WORDS]  # [num_readers], the second word of each
         self._next_slot = 0
         self._last_written: int | None = None
         self._cuda_ptr: int | None = None
@@ -221,7 +223,7 @@ class StepRing:
             return
         self._unregister_cuda()
         buf, self._mmap = self._mmap, None
-        del self._words, self._slot_step, self._consumed
+        del self._words, self._slot_step, self._consumed, self._taken
         # Plans read from the ring may still hold views; then the mapping goes with the last of them.
         with contextlib.suppress(BufferError):
             buf.close()
@@ -357,9 +359,22 @@ class StepRing:
             raise RingError(f"ring {self.name}: reader tp={self.rank} consumed step {step_id} after {last}")
         self._consumed[self.rank] = step_id
 
+    def took(self, step_id: int) -> None:
+        """Mark `step_id` taken by this reader (its plan in hand, from the ring or the doorbell): what
+        tells a rank stuck inside a step from one that never got it."""
+        self._buf()  # raises if closed
+        if self.rank is None:
+            raise RingError(f"ring {self.name}: the writer takes no steps")
+        self._taken[self.rank] = max(step_id, int(self._taken[self.rank]))
+
     def consumed_steps(self) -> list[int]:
         """The last step each reader consumed, by rank (-1: none yet); for stats and tests."""
         return [int(s) for s in self._consumed]
+
+    def taken_steps(self) -> list[int]:
+        """The last step each reader took off the ring, by rank (-1: none yet): a rank that took a
+        step and has not consumed it is inside it."""
+        return [int(s) for s in self._taken]
 
     # --- helpers --------------------------------------------------------------------------------
 

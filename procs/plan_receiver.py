@@ -51,8 +51,8 @@ class PlanReceiver:
         """The next step (or ping, or stop); None when nothing came within `timeout_s`."""
         step = self._spin()
         if step is not None:
-            return step
-        return self._from_doorbell(time.monotonic() + timeout_s)
+            return self._took(step)
+        return self._took(self._from_doorbell(time.monotonic() + timeout_s))
 
     def receive_unless(self, done: Callable[[], bool]) -> Step | Ping | Stop | None:
         """The next step (or ping, or stop) if it comes before `done()` turns true; else None.
@@ -63,12 +63,18 @@ class PlanReceiver:
         while True:
             step = self._take_from_ring()
             if step is not None:
-                return step
+                return self._took(step)
             msg = self._from_doorbell(0.0)
             if msg is not None:
-                return msg
+                return self._took(msg)
             if done():
                 return None
+
+    def _took(self, msg: Step | Ping | Stop | None) -> Step | Ping | Stop | None:
+        """`msg`, a step marked taken on the ring (the scheduler's watchdog reads it) if it is one."""
+        if isinstance(msg, Step) and (msg.slot >= 0 or self.ring is not None):
+            self._ring().took(msg.step_id)
+        return msg
 
     def _from_doorbell(self, deadline: float) -> Step | Ping | Stop | None:
         while True:

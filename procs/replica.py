@@ -101,12 +101,12 @@ class Replica:
     def stuck_reason(self, flight: InFlight, timeout_s: float) -> str:
         """Who is stuck on an overdue step, and where: before taking it, or inside it."""
         step_id = flight.plan.step_id
-        behind = [rank for rank, s in enumerate(self.ring.consumed_steps()) if s < step_id]
+        behind = [rank for rank, s in enumerate(self.ring.taken_steps()) if s < step_id]
         if behind:
             return (f"{self.rank_names(behind)} did not take step {step_id} from the ring within "
                     f"{timeout_s:g} s")
         return (f"{self.rank_names()} took step {step_id} but no result came within {timeout_s:g} s "
-                f"(stuck inside the step)")
+                f"(stuck inside the step; a step this long on purpose needs a larger --step-timeout)")
 
     def kill_executors(self) -> list[int]:
         """SIGKILL this replica's executors (a stuck one holds its card's memory and never answers);

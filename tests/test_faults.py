@@ -202,6 +202,7 @@ def test_a_hung_executor_is_named_killed_and_its_requests_move_after_the_step_ti
         assert hung.exitcode == -9, "the scheduler should have killed the hung executor"
         reason = client.info().replicas[1].reason
         assert "executor dp=1 tp=0" in reason and "within 5 s" in reason, reason
+        assert "took step" in reason and "stuck inside the step" in reason, reason  # it hung holding it
         _wait_until_balanced(client)
 
 

@@ -145,6 +145,39 @@ def test_write_timeout_names_the_stuck_rank_the_step_and_the_slot(run_id):
         writer.unlink()
 
 
+def test_a_rank_inside_a_step_is_told_from_one_that_never_took_it(run_id):
+    """The scheduler's watchdog on an overdue step: a rank that took it (its plan in hand, not yet
+    consumed) is stuck inside it; one that did not take it never got that far."""
+    from types import SimpleNamespace
+
+    from procs.replica import Replica
+
+    name = ring_name(run_id, 0)
+    with StepRing.create(name, num_slots=2, slot_bytes=SLOT_BYTES, num_readers=2) as writer:
+        readers = [StepRing.attach(name, rank) for rank in range(2)]
+        assert writer.taken_steps() == [-1, -1]
+        writer.write(plan_for(4), timeout_s=1.0)
+        readers[0].read(4, 0, timeout_s=1.0)
+        readers[0].took(4)
+        assert writer.taken_steps() == [4, -1] and writer.consumed_steps() == [-1, -1]
+        replica = SimpleNamespace(ring=writer, index=3, tp_size=2)
+        replica.rank_names = lambda ranks=None: Replica.rank_names(replica, ranks)
+        flight = SimpleNamespace(plan=plan_for(4))
+        assert Replica.stuck_reason(replica, flight, 5.0) == (
+            "executor dp=3 tp=1 did not take step 4 from the ring within 5 s")
+        readers[1].took(4)
+        readers[1].took(2)  # taken only moves forward
+        assert writer.taken_steps() == [4, 4]
+        assert Replica.stuck_reason(replica, flight, 5.0).startswith(
+            "executor dp=3 tp=0, executor dp=3 tp=1 took step 4 but no result came within 5 s "
+            "(stuck inside the step")
+        with pytest.raises(RingError, match="the writer takes no steps"):
+            writer.took(5)
+        for reader in readers:
+            reader.close()
+        writer.unlink()
+
+
 def test_read_of_another_step_raises_naming_the_step(run_id):
     name = ring_name(run_id, 0)
     with StepRing.create(name, num_slots=2, slot_bytes=SLOT_BYTES, num_readers=1) as writer:
