@@ -14,8 +14,9 @@ What Qwen3's YaRN setting promises is a context of 131,072 tokens; this checks a
   branched  the prompt with its last `--branch-tokens` changed: the common prefix is cached;
   too_long  one token past the context: refused with a message, the engine still serving.
 
-Each row records its wall time (a prefill's share is the wall less the decode), the tokens cached
-and whether every logprob is finite. Flags after `--` are `cadence serve`'s engine flags.
+Each row records its time to the first token and its wall time (streamed through the native
+client), the tokens cached and whether every logprob is finite. Flags after `--` are `cadence
+serve`'s engine flags.
 """
 
 from __future__ import annotations
@@ -28,11 +29,26 @@ import time
 
 import numpy as np
 
+from api.client_errors import RequestRefused
+from api.generation import Generation, GenerationBuilder
 from api.offline import LLM
 from core.sampling_params import SamplingParams
 
 
-def _row(name: str, prompt: list[int], generation, wall_s: float) -> dict:
+def _served(llm: LLM, name: str, prompt: list[int], params: SamplingParams) -> dict:
+    """One request streamed through the native client: its row, with the time to its first token."""
+    started = time.perf_counter()
+    first_token_s = None
+    builder = None
+    try:
+        for delta in llm.client.stream(prompt, params, timeout_s=llm.timeout_s):
+            builder = builder or GenerationBuilder(delta.request_id)
+            if first_token_s is None and delta.token_ids:
+                first_token_s = time.perf_counter() - started
+            builder.add(delta)
+        generation = builder.build() if builder is not None else Generation("none", error="no output")
+    except RequestRefused as refused:
+        generation = Generation(refused.failure.request_id, refused=refused.failure)
     logprobs = generation.logprobs or []
     return {
         "name": name,
@@ -44,7 +60,8 @@ def _row(name: str, prompt: list[int], generation, wall_s: float) -> dict:
         "cached_tokens": generation.num_cached_tokens,
         "output_tokens": generation.num_output_tokens,
         "logprobs_finite": bool(logprobs) and all(math.isfinite(v) for v in logprobs),
-        "wall_s": round(wall_s, 3),
+        "ttft_s": None if first_token_s is None else round(first_token_s, 3),
+        "wall_s": round(time.perf_counter() - started, 3),
         "token_ids": generation.token_ids,
     }
 
@@ -61,9 +78,7 @@ def run(model: str, engine_flags: list[str], context: int, max_tokens: int, bran
         start_s = time.perf_counter() - started
         for name, tokens, limit in (("fresh", prompt, max_tokens), ("cached", prompt, max_tokens),
                                     ("branched", branched, max_tokens), ("too_long", prompt, max_tokens + 1)):
-            t0 = time.perf_counter()
-            [generation] = llm.generate([tokens], dataclasses.replace(params, max_tokens=limit))
-            rows.append(_row(name, tokens, generation, time.perf_counter() - t0))
+            rows.append(_served(llm, name, tokens, dataclasses.replace(params, max_tokens=limit)))
             shown = {k: v for k, v in rows[-1].items() if k != "token_ids"}
             print(f"{name}: {json.dumps(shown)}", flush=True)
         [after] = llm.generate([prompt[:64]], SamplingParams(max_tokens=8, temperature=0.0))

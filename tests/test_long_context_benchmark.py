@@ -19,6 +19,7 @@ def test_a_prompt_at_four_times_the_original_context_is_served_cached_and_bounde
         row = rows[name]
         assert row["ok"] and row["output_tokens"] == 8 and row["logprobs_finite"], row
         assert row["prompt_tokens"] == 1_016
+        assert 0 < row["ttft_s"] <= row["wall_s"]
     assert rows["fresh"]["cached_tokens"] == 0
     assert rows["cached"]["cached_tokens"] >= 1_016 - 16  # all but the last, partly filled page
     assert 1_016 - 100 - 16 <= rows["branched"]["cached_tokens"] <= 1_016 - 100
