@@ -70,7 +70,10 @@ def parse_messages_body(body: Any) -> MessagesRequest:
         chat.update(_tool_choice(body["tool_choice"]))
     thinking = body.get("thinking")
     if thinking is not None:
-        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if not isinstance(thinking, dict):
+            raise invalid("thinking", "'thinking' must be an object {'type': ...}, got "
+                          f"{describe(thinking)}")
+        kind = thinking.get("type")
         if kind not in (*_THINKING_ON, "disabled"):
             raise invalid("thinking", f"'thinking.type' must be one of {', '.join(_THINKING_ON)}, disabled; "
                           f"got {describe(kind)}")

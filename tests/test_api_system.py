@@ -276,6 +276,9 @@ def test_messages_count_tokens_is_the_prompt_a_messages_call_runs(system):
         assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
     plain = client.messages.count_tokens(model="tiny", messages=HELLO).input_tokens
     assert plain == post(port, "/tokenize", {"messages": HELLO}).json()["count"]
+    with_max = post(port, "/v1/messages/count_tokens",
+                    {"model": "tiny", "messages": HELLO, "max_tokens": "x"})
+    assert with_max.json() == {"input_tokens": plain}  # not a field of this route: ignored
     with pytest.raises(anthropic.BadRequestError, match="non-empty array of messages"):
         client.messages.count_tokens(model="tiny", messages=[])
     with pytest.raises(anthropic.NotFoundError, match="does not exist"):

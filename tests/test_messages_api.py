@@ -177,6 +177,7 @@ def test_the_key_is_taken_from_either_header_and_a_wrong_one_is_refused_naming_i
      "server tools are not supported"),
     ({"max_tokens": 5, "messages": HELLO, "tool_choice": {"type": "sometimes"}}, "'tool_choice' must be"),
     ({"max_tokens": 5, "messages": HELLO, "thinking": {"type": "maybe"}}, "'thinking.type' must be"),
+    ({"max_tokens": 5, "messages": HELLO, "thinking": "yes"}, "'thinking' must be an object"),
     ({"max_tokens": 5, "messages": HELLO, "output_config": {"format": {"type": "xml"}}},
      "'output_config.format' must be"),
     ({"max_tokens": 5, "messages": HELLO, "stop_sequences": [""]}, "non-empty strings"),
