@@ -11,6 +11,8 @@ chunks) and end-to-end latency as mean/median/p90/p99/max, token throughputs, th
 rate over the run (from the server's counters), KV-cache usage sampled during the run, and the GPU's
 idle share between back-to-back steps (the executors' wait for the next plan against their time
 running steps, from the server's counters; key `step_wait`).
+`--endpoint responses|messages` sends the same load through OpenAI's Responses API or Anthropic's
+Messages API instead of /v1/completions and /v1/chat/completions (benchmarks/lib/http_endpoints.py).
 Warm-up requests run first and are left out of every figure; `--flush-cache` then empties the
 server's prefix cache, so a repeated run starts as cold as the first.
 """
