@@ -205,3 +205,20 @@ def test_reference_forward_writes_the_steps_kv_into_its_slots():
     flat_k = k_cache.reshape(-1, 2, HEAD_DIM)
     assert torch.equal(flat_k[torch.from_numpy(plan.kv_index)], s.k)
     assert cache.storage.count_nonzero() == 2 * 21 * 2 * HEAD_DIM
+
+
+@pytest.mark.parametrize("query_block", [1, 5, 16])
+def test_long_chunks_computed_in_query_blocks_still_equal_dense(query_block, monkeypatch):
+    """A chunk longer than the reference backend's query block goes through SDPA a block at a time
+    (each block seeing the keys up to its last query); whole prompts and chunks after a prefix,
+    mid-page starts and GQA included, still equal dense causal attention."""
+    from core.execution.attention import reference
+
+    calls = []
+    blocked = reference._attend_in_blocks
+    monkeypatch.setattr(reference, "_QUERY_BLOCK", query_block)
+    monkeypatch.setattr(reference, "_attend_in_blocks", lambda *a: calls.append(a[0].shape[0]) or blocked(*a))
+    sequences, num_pages = make_sequences([53, 20, 9], 4, 2, 16, spare_pages=2, seed=11)
+    steps = [[(0, 0, 13), (2, 0, 9)], [(0, 13, 50), (1, 0, 19)], [(0, 50, 53), (1, 19, 20)]]
+    assert_matches_dense(sequences, steps, run_steps(sequences, steps, num_pages, 16))
+    assert sorted(calls) == sorted(n for n in (13, 9, 37, 19, 3, 1) if n > query_block)
