@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from api.body_fields import describe
+from api.body_fields import describe, joined_text
 from api.errors import invalid
 
 _PASSED = ("model", "temperature", "top_p", "top_k", "stream", "min_p", "seed", "repetition_penalty",
@@ -100,18 +100,7 @@ def _system(value: Any) -> list[dict[str, Any]]:
 
 
 def _text_blocks(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise invalid(where, f"'{where}' must be a string or an array of text blocks, got {describe(value)}")
-    texts = []
-    for i, block in enumerate(value):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text" or not isinstance(block.get("text"), str):
-            raise invalid(f"{where}[{i}]", f"'{where}[{i}]' must be a text block {{'type': 'text', 'text': "
-                          f"...}}; got type {kind!r} (only text is supported)")
-        texts.append(block["text"])
-    return "\n".join(texts)
+    return joined_text(value, where, ("text",), "text block")
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:

@@ -132,6 +132,27 @@ def require_noop(fields: BodyFields, name: str, allowed: Sequence[Any], why: str
         raise invalid(name, f"{why}; got {name}={orjson.dumps(value).decode()[:80]}")
 
 
+def joined_text(content: Any, where: str, kinds: tuple[str, ...], noun: str) -> str:
+    """A content given as a string, or as an array of text parts (their `type` one of `kinds`)
+    joined with newlines, as the chat, Responses and Messages APIs all allow; else ApiError naming
+    the part. `noun` is what the API calls a part ("text part", "text block")."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(where, f"'{where}' must be a string or an array of {noun}s, got {describe(content)}")
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in kinds:
+            raise invalid(at, f"'{at}' must be a {noun} {{'type': '{kinds[0]}', 'text': ...}}; got type "
+                          f"{kind!r} (only text is supported)")
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"{at}.text", f"'{at}.text' must be a string")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

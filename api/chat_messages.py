@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.body_fields import BodyFields, describe
+from api.body_fields import BodyFields, describe, joined_text
 from api.errors import invalid
 from core.tokenizer.chat_template import continued_reply
 from core.tokenizer.chat_template import parse_messages as parse_template_messages
@@ -94,20 +94,7 @@ def _message_content(content: Any, where: str, role: str) -> str:
         if role == "assistant":
             return ""
         raise invalid(f"{where}.content", f"'{where}.content' is required on a {role} message")
-    if not isinstance(content, list):
-        raise invalid(f"{where}.content", f"'{where}.content' must be a string or an array of text parts, "
-                      f"got {describe(content)}")
-    texts = []
-    for j, part in enumerate(content):
-        part_where = f"{where}.content[{j}]"
-        if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else None
-            raise invalid(part_where, f"'{part_where}' must be a text part {{'type': 'text', 'text': ...}}; "
-                          f"got type {kind!r} (only text is supported)")
-        if not isinstance(part.get("text"), str):
-            raise invalid(f"{part_where}.text", f"'{part_where}.text' must be a string")
-        texts.append(part["text"])
-    return "\n".join(texts)
+    return joined_text(content, f"{where}.content", ("text",), "text part")
 
 
 def parse_template_kwargs(fields: BodyFields) -> bool:

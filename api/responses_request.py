@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from api.body_fields import describe
+from api.body_fields import describe, joined_text
 from api.errors import invalid
 
 # Responses fields with nothing to do here (nothing is stored, nothing is billed or traced).
@@ -44,7 +44,7 @@ _CHAT_NAMES = {"messages": "input", "max_tokens": "max_output_tokens",
 # Fields of this API's own, translated below.
 _TRANSLATED = frozenset({"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice",
                          "truncation", "top_logprobs", "background"})
-_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+_TEXT_PARTS = ("input_text", "output_text", "text")  # the first is what an error names
 _ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
@@ -165,18 +165,7 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
 
 def _text(content: Any, where: str) -> str:
     """A message's content: a string, or text parts joined with newlines."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise invalid(where, f"'{where}' must be a string or an array of text parts, got {describe(content)}")
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise invalid(f"{where}[{j}]", f"'{where}[{j}]' must be an input_text part {{'type': "
-                          f"'input_text', 'text': ...}}; got type {kind!r} (only text is supported)")
-        texts.append(part["text"])
-    return "\n".join(texts)
+    return joined_text(content, where, _TEXT_PARTS, "text part")
 
 
 def _string(item: dict[str, Any], name: str, where: str) -> str:
